@@ -1,0 +1,109 @@
+"""Real-model checks on the embedded SmolLM2-135M-Instruct (offline)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from captum_iglens import IGLens, explain
+from captum_iglens.cli import main
+from captum_iglens.models import load_model
+
+PROMPT = "What is the capital of Vietnam?"
+
+
+@pytest.fixture(scope="module")
+def vietnam(smollm2):
+    model, tokenizer = smollm2
+    return explain(model, tokenizer, PROMPT, max_new_tokens=24)
+
+
+def test_answer_probabilities_are_the_models_own(smollm2, vietnam):
+    """Every answer token's p_final equals softmax of a plain forward (Invariant R), and
+    completeness holds to 1e-6 (Invariant C), on all 30 layers."""
+    model, _ = smollm2
+    result = vietnam
+    assert len(result.tokens) >= 2 and result.layer_indices == list(range(1, 31))
+    ids = torch.tensor([result.input_ids])
+    with torch.no_grad():
+        probs = torch.softmax(model(ids, use_cache=False).logits[0].float(), -1)
+    expected = probs[result.positions, result.token_ids]
+    assert (result.p_final - expected).abs().max() <= 1e-5
+    assert result.completeness_error <= 1e-6
+    sums = result.attributions.sum(-1)
+    assert (sums - result.delta_p).abs().max() <= 1e-6
+    # Greedy decoding: each answer token is the argmax of the model at its position.
+    assert probs[result.positions].argmax(-1).tolist() == result.token_ids
+    assert result.chat_template_used
+
+
+def test_reference_double_norm_bug_is_absent(smollm2, vietnam):
+    """Applying the final norm to hidden_states[-1] (already normalised) gives a wrong
+    last-layer probability; the lens readout of the hooked residual gives the model's own."""
+    model, _ = smollm2
+    ids = torch.tensor([vietnam.input_ids])
+    lens = IGLens(model)
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, use_cache=False)
+        wrong = torch.softmax(lens.readout(out.hidden_states[-1][0]).float(), -1)
+    wrong_p = wrong[vietnam.positions, vietnam.token_ids]
+    assert (wrong_p - vietnam.p_final).abs().max() > 0.1
+    assert torch.allclose(vietnam.lens_probs[:, -1], vietnam.p_final, atol=1e-7)
+
+
+def test_cli_json_on_smollm2(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    assert main(["--k", "4", "--max-new-tokens", "6", "--json", str(path), PROMPT]) == 0
+    printed = capsys.readouterr().out
+    assert "answer:" in printed and "completeness: max |sum - Δp|" in printed
+    data = json.loads(path.read_text())
+    for key in ("answer", "prompt_length", "input_ids", "layers", "method", "baseline",
+                "tokens", "completeness_max_abs_error"):
+        assert key in data
+    assert data["layers"] == [0, 10, 20, 30]
+    assert data["completeness_max_abs_error"] <= 1e-6
+    token = data["tokens"][0]
+    assert len(token["attributions"]) == 4 and len(token["lens_probs"]) == 4
+    assert token["position"] == data["prompt_length"] - 1
+    assert data["input_ids"][token["position"] + 1] == token["token_id"]
+    assert abs(sum(token["attributions"]) - token["delta_p"]) <= 1e-6
+    assert token["onset_layer"] in data["layers"]
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--layers", "0,40", PROMPT], "out of range"),
+        (["--k", "3", "--layers", "1,2", PROMPT], "not both"),
+        (["--method", "nope", PROMPT], "invalid choice"),
+        ([""], "prompt is empty"),
+        (["--model", "/no/such/folder", PROMPT], "neither"),
+    ],
+)
+def test_cli_bad_arguments_give_one_line_errors(argv, needle, capsys):
+    status = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status != 0
+    assert err[-1].startswith("iglens: error:") and needle in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
+def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
+    """The cached float32 copy gives the same logits as the freshly de-quantised model, and
+    the second load does not de-quantise again (the cache folder is reused)."""
+    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(tmp_path))
+    fresh, tokenizer = load_model()
+    cached_dirs = list(tmp_path.iterdir())
+    assert len(cached_dirs) == 1 and (cached_dirs[0] / "model.safetensors").is_file()
+    cached, cached_tok = load_model()
+    ids = torch.tensor([tokenizer("The capital of France is")["input_ids"]])
+    with torch.no_grad():
+        a = fresh(ids, use_cache=False).logits
+        b = cached(ids, use_cache=False).logits
+        c = smollm2[0](ids, use_cache=False).logits
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()
+    assert cached_tok.chat_template == tokenizer.chat_template
+    assert list(tmp_path.iterdir()) == cached_dirs
