@@ -21,7 +21,11 @@ from torch import Tensor, nn
 
 from captum_iglens.onset import onset_layer_indices
 from captum_iglens.readout import resolve_decoder_blocks, resolve_readout
-from captum_iglens.residual import capture_residual_stream, model_state_preserved
+from captum_iglens.residual import (
+    capture_residual_stream,
+    execution_device,
+    model_state_preserved,
+)
 
 __all__ = ["IGLens", "IGLensOutput", "ReadoutMismatchError", "METHODS"]
 
@@ -122,6 +126,14 @@ class IGLens(GradientAttribution):
             :func:`~captum_iglens.readout.resolve_layout` does not know.
         check_readout (bool, optional): Verify Invariant R on every call (default True).
 
+    Precision and placement: float16 / bfloat16 models run the final norm and head in their
+    own dtype (so ``p_final`` is the model's own probability) and the log-softmax, credits
+    and delta in float32; completeness holds to 1e-6 against those float32 probabilities.
+    Models dispatched with accelerate (``device_map``, CPU / disk offload, parameters on
+    ``meta``) work: residuals are moved to the readout's execution device. The model runs in
+    eval mode and is handed back with its modes, ``requires_grad`` flags and ``.grad``
+    untouched (DESIGN.md section 3, items 4 and 6).
+
     Raises:
         UnknownArchitectureError: if the decoder blocks or final norm cannot be located.
         ValueError: if a layer is out of range, given twice, or not a decoder block.
@@ -179,7 +191,7 @@ class IGLens(GradientAttribution):
                     raise ValueError(
                         f"Layer {type(layer).__name__} is not one of the model's {n} decoder "
                         "blocks nor its input embedding; pass decoder blocks (e.g. "
-                        "model.model.layers[i]) or hidden-state indices 0..{n}."
+                        f"model.model.layers[i]) or hidden-state indices 0..{n}."
                     )
             elif isinstance(layer, int) and not isinstance(layer, bool):
                 index = layer + n + 1 if layer < 0 else layer
@@ -199,17 +211,21 @@ class IGLens(GradientAttribution):
         return tuple(sorted(indices))
 
     def _readout_device(self) -> Optional[torch.device]:
+        """Where the readout computes (its accelerate execution device when dispatched with
+        offloading, whose parameters sit on ``meta``); ``None`` if unknown."""
         readout = self.readout
         if isinstance(readout, nn.Module):
-            for param in readout.parameters():
-                if param.device.type != "meta":
-                    return param.device
+            return execution_device(readout)
         return None
 
     def _vocab_size(self) -> Optional[int]:
+        """Size of the input vocabulary (from the embedding's shape, valid on ``meta`` too)."""
         get_in = getattr(self.model, "get_input_embeddings", None)
         emb = get_in() if callable(get_in) else None
-        return getattr(emb, "num_embeddings", None)
+        size = getattr(emb, "num_embeddings", None)
+        if size is None:
+            size = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        return int(size) if size is not None else None
 
     # ------------------------------------------------------------------ input handling
     def _forward_kwargs(
@@ -225,20 +241,21 @@ class IGLens(GradientAttribution):
             kwargs.update(additional_forward_args)
         elif isinstance(additional_forward_args, (tuple, list)):
             names = [p for p in params if p not in ("input_ids", "self")]
-            for name, value in zip(names, additional_forward_args):
+            for name, value in zip(names, additional_forward_args, strict=False):
                 if value is not None:
                     kwargs[name] = value
         else:
             raise TypeError(
                 "additional_forward_args must be an attention mask tensor, a tuple of "
-                f"positional arguments or a dict of keyword arguments, got {type(additional_forward_args)}"
+                "positional arguments or a dict of keyword arguments, got "
+                f"{type(additional_forward_args)}"
             )
         mask = kwargs.get("attention_mask")
         if mask is not None:
             if mask.shape != input_ids.shape:
                 raise ValueError(
-                    f"attention_mask has shape {tuple(mask.shape)}, expected {tuple(input_ids.shape)} "
-                    "(the shape of inputs)."
+                    f"attention_mask has shape {tuple(mask.shape)}, expected "
+                    f"{tuple(input_ids.shape)} (the shape of inputs)."
                 )
             if "position_ids" in params and "position_ids" not in kwargs:
                 position_ids = mask.long().cumsum(-1) - 1
@@ -399,11 +416,14 @@ class IGLens(GradientAttribution):
         if isinstance(baselines, str) and baselines == "embedding":
             needed.add(0)
         device = self._readout_device()
+        finite: dict[int, Tensor] = {}
         with model_state_preserved(self.model), torch.no_grad():
-            with capture_residual_stream(self.decoder_blocks, needed, device) as states:
+            with capture_residual_stream(
+                self.decoder_blocks, needed, device, finite=finite, mask=mask
+            ) as states:
                 output = self.model(inputs, **kwargs)
         logits = output.logits if hasattr(output, "logits") else output[0]
-        self._check_finite(states, mask)
+        self._check_finite(finite)
         logits = logits[:, pos_list]
         if device is not None:
             logits = logits.to(device)
@@ -417,24 +437,38 @@ class IGLens(GradientAttribution):
         base = self._baseline(baselines, states, pos_list, mask, hidden)
         return _Capture(hidden, base, tgt, model_probs, pos_list), single
 
-    def _check_finite(self, states: dict[int, Tensor], mask: Optional[Tensor]) -> None:
-        for index in sorted(states):
-            h = states[index]
-            if mask is not None:
-                h = h[mask.to(h.device).bool()]
-            if not torch.isfinite(h).all():
-                where = "the embedding output" if index == 0 else f"the output of decoder block {index}"
+    def _block_name(self, index: int) -> str:
+        """``"decoder block l (path)"`` for hidden-state index ``l``, path inside the model."""
+        block = self.decoder_blocks[index - 1]
+        path = next((name for name, mod in self.model.named_modules() if mod is block), "")
+        return f"decoder block {index}" + (f" ({path})" if path else "")
+
+    def _check_finite(self, finite: dict[int, Tensor]) -> None:
+        """Raise naming the first hidden-state index whose residual holds NaN or inf."""
+        for index in sorted(finite):
+            if not bool(finite[index]):
+                if index == 0:
+                    where = "the embedding output, the input of decoder block 1"
+                else:
+                    where = f"the output of {self._block_name(index)}"
                 raise FloatingPointError(
                     f"The residual stream at hidden-state index {index} ({where}) contains NaN "
-                    "or inf; the model overflows on this input (try float32 or bfloat16 instead "
-                    "of float16) or its weights are corrupt."
+                    "or inf (first such layer); the model overflows on this input (try float32 "
+                    "or bfloat16 instead of float16) or that block's weights are corrupt."
                 )
 
-    def _check_readout(self, p_final: Tensor, model_probs: Tensor) -> None:
+    def _check_readout(self, p_final: Tensor, model_probs: Tensor, node_probs: Tensor) -> None:
+        if not bool(torch.isfinite(node_probs).all()):
+            name = getattr(self.readout, "name", "") or type(self.model).__name__
+            raise FloatingPointError(
+                f"The lens readout (final norm + unembedding of {name!r}) returned NaN or inf "
+                "for finite residuals; its weights are corrupt or it overflows in this dtype."
+            )
         if not self.check_readout:
             return
         tol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(self._model_dtype(), 2e-2)
-        err = (p_final - model_probs.to(p_final.device)).abs().max().item()
+        diff = (p_final - model_probs.to(p_final.device)).abs()
+        err = float("inf") if not bool(torch.isfinite(diff).all()) else diff.max().item()
         if err > tol:
             name = getattr(self.readout, "name", "") or type(self.model).__name__
             raise ReadoutMismatchError(
@@ -506,7 +540,7 @@ class IGLens(GradientAttribution):
         chunk = self._chunk_rows(internal_batch_size, vocab)
         node_probs = self._node_probs(cap, chunk)
         p_base, p_final = node_probs[..., 0], node_probs[..., -1]
-        self._check_readout(p_final, cap.model_probs)
+        self._check_readout(p_final, cap.model_probs, node_probs)
         if method == "prediction_aware":
             # Interior grid points cancel exactly (DESIGN.md section 1): the credit of a
             # segment is its endpoint difference; differences taken in float64 are exact.
@@ -583,7 +617,8 @@ class IGLens(GradientAttribution):
         Raises:
             ValueError: empty inputs, token or target ids outside the vocabulary, positions
                 outside the sequence, a baseline of the wrong shape, an unknown method.
-            FloatingPointError: NaN or inf in a residual (the layer is named).
+            FloatingPointError: NaN or inf in a residual (the first such hidden-state index
+                and its block's module path are named) or in the readout.
             ReadoutMismatchError: Invariant R fails.
 
         Examples::

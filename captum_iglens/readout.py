@@ -46,9 +46,11 @@ class ArchitectureLayout:
     """Where a family keeps its decoder blocks, final norm and pre-unembedding projection.
 
     Paths are dotted attribute paths relative to the ``*ForCausalLM`` model. ``final_norm``
-    may name an attribute that is ``None`` on some configs (OPT-350m): the readout then has
-    no final norm, which is what the model does too. ``logit_transform`` builds the map the
-    model applies to its logits after the unembedding, from the config (or returns ``None``).
+    may name an attribute that is ``None`` on some configs (OPT-350m) only where
+    ``norm_optional`` is set: the readout then has no final norm, which is what the model does
+    too; for every other family a ``None`` norm is an error, never an identity fall-back.
+    ``logit_transform`` builds the map the model applies to its logits after the
+    unembedding, from the config (or returns ``None``).
     """
 
     blocks: str
@@ -57,6 +59,7 @@ class ArchitectureLayout:
     logit_transform: Optional[Callable[[object], Optional[Callable[[Tensor], Tensor]]]] = (
         field(default=None, compare=False)
     )
+    norm_optional: bool = False
 
 
 def _gemma2_softcap(config: object) -> Optional[Callable[[Tensor], Tensor]]:
@@ -102,15 +105,19 @@ FAMILIES: dict[str, ArchitectureLayout] = {
     "bloom": ArchitectureLayout("transformer.h", "transformer.ln_f"),
     "mpt": ArchitectureLayout("transformer.blocks", "transformer.norm_f"),
     "gpt_neox": ArchitectureLayout("gpt_neox.layers", "gpt_neox.final_layer_norm"),
+    # OPT-350m: do_layer_norm_before=False -> final_layer_norm is None; project_out maps
+    # hidden_size -> word_embed_proj_dim before the (tied) head.
     "opt": ArchitectureLayout(
-        "model.decoder.layers", "model.decoder.final_layer_norm", ("model.decoder.project_out",)
+        "model.decoder.layers", "model.decoder.final_layer_norm", ("model.decoder.project_out",),
+        norm_optional=True,
     ),
 }
 
 _GENERIC_BLOCKS = ("model.layers", "transformer.h", "transformer.blocks", "gpt_neox.layers",
                    "model.decoder.layers", "transformer.layers")
-_GENERIC_NORMS = ("model.norm", "transformer.ln_f", "transformer.norm_f", "gpt_neox.final_layer_norm",
-                  "model.final_layernorm", "model.decoder.final_layer_norm", "transformer.norm")
+_GENERIC_NORMS = ("model.norm", "transformer.ln_f", "transformer.norm_f",
+                  "gpt_neox.final_layer_norm", "model.final_layernorm",
+                  "model.decoder.final_layer_norm", "transformer.norm")
 
 _MISSING = object()
 
@@ -147,7 +154,7 @@ def resolve_layout(model: nn.Module) -> ArchitectureLayout:
         blocks = _get_path(model, layout.blocks)
         norm = _get_path(model, layout.final_norm)
         if isinstance(blocks, nn.ModuleList) and len(blocks) > 0 and (
-            isinstance(norm, nn.Module) or (norm is None and row is not None)
+            isinstance(norm, nn.Module) or (norm is None and layout.norm_optional)
         ):
             return layout
     tried_blocks = [row.blocks] if row is not None else list(_GENERIC_BLOCKS)

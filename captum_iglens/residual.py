@@ -14,7 +14,29 @@ from typing import Iterable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-__all__ = ["capture_residual_stream", "model_state_preserved"]
+__all__ = ["capture_residual_stream", "execution_device", "model_state_preserved"]
+
+
+def execution_device(module: nn.Module) -> Optional[torch.device]:
+    """The device on which ``module`` computes.
+
+    For a module dispatched with accelerate (``device_map``, ``cpu_offload``,
+    ``disk_offload``) the parameters may live on the ``meta`` device while an
+    ``AlignDevicesHook`` moves them to its ``execution_device`` for each call: that device
+    is returned. Otherwise the device of the first parameter or buffer not on ``meta``;
+    ``None`` when there is none (a module without tensors).
+    """
+    for sub in module.modules():
+        hook = getattr(sub, "_hf_hook", None)
+        hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
+        for one in hooks:
+            dev = getattr(one, "execution_device", None)
+            if dev is not None:
+                return torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.device.type != "meta":
+            return tensor.device
+    return None
 
 
 def _hidden_from_output(output: object) -> Tensor:
@@ -33,6 +55,8 @@ def capture_residual_stream(
     blocks: nn.ModuleList,
     layer_indices: Iterable[int],
     device: Optional[torch.device] = None,
+    finite: Optional[dict[int, Tensor]] = None,
+    mask: Optional[Tensor] = None,
 ) -> Iterator[dict[int, Tensor]]:
     """Record the residual stream ``h_l`` for the requested hidden-state indices.
 
@@ -42,22 +66,37 @@ def capture_residual_stream(
             (0 = input of the first block, ``l`` = output of block ``l``).
         device (torch.device, optional): Where to move each captured tensor (the readout's
             device, for models dispatched over several devices).
+        finite (dict, optional): If given, filled for *every* index ``0..n`` with a 0-dim
+            bool tensor on the block's device: whether ``h_l`` is free of NaN and inf (at the
+            positions where ``mask`` is nonzero). No host synchronisation is forced, so the
+            first non-finite block can be named after the forward pass.
+        mask (Tensor, optional): ``[B, S]`` attention mask for the ``finite`` check.
 
     Yields:
         dict[int, Tensor]: filled during the forward pass with ``h_l`` of shape
         ``[B, S, d]`` (detached, the model's dtype). Hooks are removed on exit, also when an
         error is raised.
     """
-    wanted = sorted(set(layer_indices))
+    wanted = set(layer_indices)
     store: dict[int, Tensor] = {}
+    masks: dict[torch.device, Tensor] = {}
 
     def keep(index: int, hidden: Tensor) -> None:
         hidden = hidden.detach()
-        store[index] = hidden.to(device) if device is not None else hidden
+        if finite is not None:
+            valid = hidden
+            if mask is not None and tuple(mask.shape) == tuple(hidden.shape[:2]):
+                if hidden.device not in masks:
+                    masks[hidden.device] = mask.to(hidden.device).bool()
+                valid = hidden[masks[hidden.device]]
+            finite[index] = torch.isfinite(valid).all()
+        if index in wanted:
+            store[index] = hidden.to(device) if device is not None else hidden
 
+    indices = range(len(blocks) + 1) if finite is not None else sorted(wanted)
     handles = []
     try:
-        for index in wanted:
+        for index in indices:
             if index == 0:
 
                 def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:

@@ -9,10 +9,69 @@ import torch
 from torch import nn
 
 from captum_iglens.ig_lens import BaselineSpec, IGLens, LayerSpec
-from captum_iglens.residual import model_state_preserved
+from captum_iglens.residual import execution_device, model_state_preserved
 from captum_iglens.result import IGLensResult, _as_cpu
 
-__all__ = ["build_prompt_ids", "generate_answer", "explain", "explain_ids"]
+__all__ = [
+    "build_prompt_ids",
+    "generate_answer",
+    "explain",
+    "explain_ids",
+    "target_token_id",
+    "target_token_ids",
+]
+
+TargetText = Union[None, str, Sequence[int]]
+
+
+def _input_device(model: nn.Module) -> torch.device:
+    """Device for the token ids: the input embedding's (execution) device, which copes with
+    models dispatched by accelerate whose parameters sit on ``meta``."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    emb = get_in() if callable(get_in) else None
+    dev = execution_device(emb) if isinstance(emb, nn.Module) else None
+    return dev if dev is not None else torch.device("cpu")
+
+
+def _describe_ids(tokenizer: Any, ids: Sequence[int]) -> str:
+    pieces = [tokenizer.decode([i]) for i in ids]
+    return ", ".join(f"{i} ({piece!r})" for i, piece in zip(ids, pieces, strict=True))
+
+
+def target_token_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a target string, without special tokens.
+
+    A leading space matters (DESIGN.md section 3, item 10): ``" Paris"`` and ``"Paris"`` are
+    different tokens in byte-level BPE vocabularies, so the ids are what should be reported.
+
+    Raises:
+        ValueError: if ``text`` is empty or tokenises to no token.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("The target string is empty: give the text of the token to explain.")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ValueError(f"The target {text!r} tokenises to no token.")
+    return ids
+
+
+def target_token_id(tokenizer: Any, text: str) -> int:
+    """The single token id of ``text``, for ``IGLens.attribute(target=...)``.
+
+    Raises:
+        ValueError: if ``text`` tokenises to several tokens; the message lists their ids and
+            pieces, and points to ``explain(..., target=text)``, which explains each of them
+            as a teacher-forced answer. Mind the leading space: ``" Paris"`` vs ``"Paris"``.
+    """
+    ids = target_token_ids(tokenizer, text)
+    if len(ids) != 1:
+        raise ValueError(
+            f"The target {text!r} tokenises to {len(ids)} tokens: {_describe_ids(tokenizer, ids)}. "
+            "IG-Lens explains one token id at a time: pass one of these ids as target, or use "
+            "explain(model, tokenizer, prompt, target=text) to explain each token of it in "
+            "turn. A leading space gives a different token (' Paris' vs 'Paris')."
+        )
+    return ids[0]
 
 
 def build_prompt_ids(
@@ -50,8 +109,7 @@ def generate_answer(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    device = model.get_input_embeddings().weight.device
-    ids = torch.tensor([list(prompt_ids)], device=device)
+    ids = torch.tensor([list(prompt_ids)], device=_input_device(model))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with model_state_preserved(model), torch.no_grad():
         out = model.generate(
@@ -89,7 +147,7 @@ def explain_ids(
     if not answer_ids:
         raise ValueError("The answer has no tokens: nothing to explain.")
     lens = lens if lens is not None else IGLens(model, layers=layers)
-    device = model.get_input_embeddings().weight.device
+    device = _input_device(model)
     full = list(prompt_ids) + list(answer_ids)
     ids = torch.tensor([full], device=device)
     n_prompt = len(prompt_ids)
@@ -143,6 +201,7 @@ def explain(
     onset_frac: float = 0.5,
     internal_batch_size: Optional[int] = None,
     chat_template: bool = True,
+    target: TargetText = None,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
 
@@ -159,12 +218,24 @@ def explain(
             :class:`~captum_iglens.IGLens` and :meth:`~captum_iglens.IGLens.attribute`.
         onset_frac (float, optional): Mass fraction for the onset layer. Default: 0.5.
         chat_template (bool, optional): Use the chat template if there is one. Default: True.
+        target (str or sequence of int, optional): Explain this answer instead of the
+            generated one (no generation): a string is tokenised without special tokens
+            (a leading space matters, DESIGN.md section 3, item 10) and *each* of its tokens
+            is explained as a teacher-forced continuation; ``result.token_ids`` reports the
+            ids. For a single id use :func:`target_token_id` with
+            :meth:`~captum_iglens.IGLens.attribute`. Default: None (greedy answer).
 
     Returns:
-        IGLensResult (or a list of them for several prompts).
+        IGLensResult (or a list of them, one per prompt, for several prompts).
 
     Raises:
-        ValueError: empty prompt, or the model generated no token.
+        ValueError: empty prompt or target, no prompts, or the model generated no token.
+
+    Examples::
+
+        >>> result = explain(model, tokenizer, "The capital of France is", target=" Paris")
+        >>> result.token_ids, result.attributions.shape     # ids of " Paris", [T, k]
+        >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."])
     """
     if not isinstance(prompt, str):
         prompts = list(prompt)
@@ -173,12 +244,12 @@ def explain(
         lens = IGLens(model, layers=layers)
         return [
             _explain_one(model, tokenizer, p, max_new_tokens, lens, method, n_steps, baselines,
-                         onset_frac, internal_batch_size, chat_template)
+                         onset_frac, internal_batch_size, chat_template, target)
             for p in prompts
         ]
     lens = IGLens(model, layers=layers)
     return _explain_one(model, tokenizer, prompt, max_new_tokens, lens, method, n_steps,
-                        baselines, onset_frac, internal_batch_size, chat_template)
+                        baselines, onset_frac, internal_batch_size, chat_template, target)
 
 
 def _explain_one(
@@ -193,9 +264,15 @@ def _explain_one(
     onset_frac: float,
     internal_batch_size: Optional[int],
     chat_template: bool,
+    target: TargetText = None,
 ) -> IGLensResult:
     prompt_ids, used = build_prompt_ids(tokenizer, prompt, chat_template)
-    answer_ids = generate_answer(model, tokenizer, prompt_ids, max_new_tokens)
+    if target is None:
+        answer_ids = generate_answer(model, tokenizer, prompt_ids, max_new_tokens)
+    elif isinstance(target, str):
+        answer_ids = target_token_ids(tokenizer, target)
+    else:
+        answer_ids = [int(i) for i in target]
     result = explain_ids(
         model, prompt_ids, answer_ids, tokenizer=tokenizer, method=method, n_steps=n_steps,
         baselines=baselines, onset_frac=onset_frac, internal_batch_size=internal_batch_size,
