@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from captum.attr import GradientAttribution
@@ -228,10 +228,13 @@ class IGLens(GradientAttribution):
         return int(size) if size is not None else None
 
     # ------------------------------------------------------------------ input handling
+    def _forward_params(self) -> Mapping[str, inspect.Parameter]:
+        return inspect.signature(self.model.forward).parameters
+
     def _forward_kwargs(
         self, input_ids: Tensor, additional_forward_args: Any
     ) -> tuple[dict[str, Any], Optional[Tensor]]:
-        params = inspect.signature(self.model.forward).parameters
+        params = self._forward_params()
         kwargs: dict[str, Any] = {}
         if additional_forward_args is None:
             pass
@@ -416,6 +419,11 @@ class IGLens(GradientAttribution):
         if isinstance(baselines, str) and baselines == "embedding":
             needed.add(0)
         device = self._readout_device()
+        # Only the explained positions need the model's own logits (for Invariant R and the
+        # default target): skip the unembedding elsewhere where the model supports it.
+        keep_only = len(pos_list) < seq_len and "logits_to_keep" in self._forward_params()
+        if keep_only and "logits_to_keep" not in kwargs:
+            kwargs["logits_to_keep"] = torch.tensor(pos_list, device=inputs.device)
         finite: dict[int, Tensor] = {}
         with model_state_preserved(self.model), torch.no_grad():
             with capture_residual_stream(
@@ -424,7 +432,8 @@ class IGLens(GradientAttribution):
                 output = self.model(inputs, **kwargs)
         logits = output.logits if hasattr(output, "logits") else output[0]
         self._check_finite(finite)
-        logits = logits[:, pos_list]
+        if logits.shape[1] == seq_len:
+            logits = logits[:, pos_list]
         if device is not None:
             logits = logits.to(device)
         out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -710,7 +719,11 @@ class IGLens(GradientAttribution):
         if n_steps < 1:
             raise ValueError(f"n_steps must be >= 1, got {n_steps}")
         cap, _ = self._capture(inputs, target, positions, baselines, additional_forward_args)
-        chunk = self._chunk_rows(internal_batch_size, self._vocab_size() or 1)
+        return self._grid_probs(cap, n_steps, self._chunk_rows(internal_batch_size,
+                                                                 self._vocab_size() or 1))
+
+    def _grid_probs(self, cap: _Capture, n_steps: int, chunk: int) -> Tensor:
+        """``f`` on ``n_steps + 1`` uniform points of every segment: ``[B, P, k, n_steps + 1]``."""
         nodes = torch.cat([cap.baseline[:, :, None], cap.hidden], dim=2)
         batch, n_pos, n_nodes, d = nodes.shape
         alphas = torch.linspace(0, 1, n_steps + 1, dtype=nodes.dtype, device=nodes.device)

@@ -1,0 +1,144 @@
+"""Side-by-side timing of the IG-Lens estimators on the embedded SmolLM2 (issue: core).
+
+On all 30 layers and every answer token of the default prompt, times in one run:
+  * the default prediction-aware estimator (T * (k + 1) readouts, no backward pass);
+  * the same credits computed the way the reference script does: the readout at all
+    n_steps + 1 grid points of every segment (n_steps = 64), observed changes summed;
+  * the gradient estimator (Gauss-Legendre) at n_steps = 64;
+  * the plain logit lens of the same layers (forward with hooks + T * k readouts).
+Two timings per variant: end to end (each runs the model forward, then its readouts), and
+the estimator alone on one shared captured residual stream (the forward excluded, the same
+for all). Prints median wall times, ratios and the max abs difference between the default
+estimator and the grid computation.
+
+    python benchmarks/bench_estimators.py [--prompt TEXT] [--repeats 5] [--n-steps 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable
+
+import torch
+from transformers.utils import logging as hf_logging
+
+from captum_iglens import IGLens
+from captum_iglens.models import load_model
+from captum_iglens.residual import capture_residual_stream
+from captum_iglens.text import build_prompt_ids, generate_answer
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    fn()  # warm-up
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def logit_lens(lens: IGLens, ids: torch.Tensor, positions: list[int], target: torch.Tensor):
+    """Plain logit lens: f(h_L) for the chosen layers, [T, k]."""
+    with torch.no_grad(), capture_residual_stream(lens.decoder_blocks, lens.layer_indices) as h:
+        lens.model(ids, use_cache=False, logits_to_keep=1)  # no need for its own logits
+        hidden = torch.stack([h[i][0, positions] for i in lens.layer_indices], 1)  # [T, k, d]
+        logits = lens.readout(hidden).float()
+        index = target[0][:, None, None].expand(-1, hidden.shape[1], 1)
+        return torch.softmax(logits, -1).gather(-1, index)[..., 0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt", default="What is the capital of Vietnam?")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--n-steps", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+    model, tokenizer = load_model()
+    prompt_ids, _ = build_prompt_ids(tokenizer, args.prompt)
+    answer_ids = generate_answer(model, tokenizer, prompt_ids, 32)
+    ids = torch.tensor([prompt_ids + answer_ids])
+    positions = list(range(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(answer_ids)))
+    target = torch.tensor([answer_ids])
+    lens = IGLens(model)
+    n_tok, k = len(answer_ids), len(lens.layer_indices)
+    print(f"model: SmolLM2-135M-Instruct (embedded), {k} layers, d=576, vocab 49152")
+    print(f"prompt: {args.prompt!r} -> answer {tokenizer.decode(answer_ids)!r} ({n_tok} tokens)")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats} runs, each including the model forward\n")
+
+    def default() -> torch.Tensor:
+        return lens.attribute(ids, target=target, positions=positions)
+
+    def grid() -> torch.Tensor:
+        profile = lens.path_probabilities(ids, target=target, positions=positions,
+                                          n_steps=args.n_steps)
+        return profile.diff(dim=-1).sum(-1)
+
+    def gradient() -> torch.Tensor:
+        return lens.attribute(ids, target=target, positions=positions, method="gausslegendre",
+                              n_steps=args.n_steps)
+
+    def lens_only() -> torch.Tensor:
+        return logit_lens(lens, ids, positions, target)
+
+    # 1. End to end: each variant runs the model forward, then its readouts.
+    t_default, a_default = median_time(default, args.repeats)
+    t_grid, a_grid = median_time(grid, max(1, args.repeats // 2))
+    t_grad, a_grad = median_time(gradient, max(1, args.repeats // 2))
+    t_lens, p_lens = median_time(lens_only, args.repeats)
+    details = lens.attribute_details(ids, target=target, positions=positions)
+    delta_p = details.p_final - details.p_baseline
+
+    # 2. Estimators alone, side by side on one captured residual stream (same forward).
+    cap, _ = lens._capture(ids, target, positions, "mean", None)
+    chunk = lens._chunk_rows(None, 49152)
+    hidden = cap.hidden.reshape(-1, cap.hidden.shape[-1])
+    lens_targets = cap.target[:, :, None].expand(cap.hidden.shape[:-1]).reshape(-1)
+    e_default, _ = median_time(lambda: lens._node_probs(cap, chunk).diff(dim=-1), args.repeats)
+    e_grid, _ = median_time(lambda: lens._grid_probs(cap, args.n_steps, chunk).diff(dim=-1)
+                            .sum(-1), max(1, args.repeats // 2))
+    e_grad, _ = median_time(lambda: lens._gradient_credits(cap, "gausslegendre", args.n_steps,
+                                                           chunk, torch.float32),
+                            max(1, args.repeats // 2))
+    e_lens, _ = median_time(lambda: lens._readout_probs(hidden, lens_targets, chunk),
+                            args.repeats)
+
+    readouts = [n_tok * (k + 1), n_tok * k * (args.n_steps + 1), n_tok * k * args.n_steps,
+                n_tok * k]
+    names = ["prediction_aware (default)", f"grid, n_steps={args.n_steps} (reference)",
+             f"gausslegendre, n_steps={args.n_steps}", "plain logit lens"]
+    notes = ["no backward", "no backward", "backward", "no backward"]
+    print(f"{'variant':<34} {'end-to-end [s]':>14} {'estimator [s]':>14} {'readouts':>9}")
+    for name, t_e2e, t_est, count, note in zip(
+        names, (t_default, t_grid, t_grad, t_lens), (e_default, e_grid, e_grad, e_lens),
+        readouts, notes, strict=True,
+    ):
+        print(f"{name:<34} {t_e2e:>14.4f} {t_est:>14.4f} {count:>9}  ({note})")
+    print()
+    print("                                            estimator   end-to-end")
+    print(f"speed-up of default over grid computation: {e_grid / e_default:9.1f}x "
+          f"{t_grid / t_default:11.1f}x")
+    print(f"speed-up of default over gausslegendre:     {e_grad / e_default:9.1f}x "
+          f"{t_grad / t_default:11.1f}x")
+    print(f"cost of default relative to logit lens:     {e_default / e_lens:9.3f}x "
+          f"{t_default / t_lens:11.3f}x")
+    print()
+    print(f"max |default - grid| credits:               {(a_default - a_grid).abs().max():.3e}")
+    print(f"max |default - gausslegendre| credits:      {(a_default - a_grad).abs().max():.3e}")
+    print(f"max |lens_probs - plain logit lens|:        "
+          f"{(details.lens_probs[0] - p_lens).abs().max():.3e}")
+    print(f"completeness max |sum - delta_p| (default): "
+          f"{(a_default.sum(-1) - delta_p).abs().max():.3e}")
+
+
+if __name__ == "__main__":
+    main()
