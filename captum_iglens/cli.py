@@ -1,8 +1,11 @@
 """The ``iglens`` command: prompt in, answer out, IG-Lens token x layer table.
 
-    iglens "What is the capital of Vietnam?"
-    iglens --k 6 --json out.json "Name a prime number."
-    echo "Why is the sky blue?" | iglens --stdin
+iglens "What is the capital of Vietnam?"
+iglens --k 6 --json out.json "Name a prime number."
+iglens compare --k 4 "What is the capital of Vietnam?"   # vs Captum (cli_compare.py)
+echo "Why is the sky blue?" | iglens --stdin
+iglens --prompts-file prompts.txt               # one prompt per line, one report each
+iglens --target " Paris" "The capital of France is"
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ class _Parser(argparse.ArgumentParser):
 def evenly_spaced_layers(n_layers: int, k: int) -> list[int]:
     """``k`` hidden-state indices evenly spaced over ``0..n_layers``, the last block included."""
     if not 1 <= k <= n_layers + 1:
-        raise CliError(f"--k must be between 1 and {n_layers + 1} for a model with {n_layers} blocks")
+        raise CliError(
+            f"--k must be between 1 and {n_layers + 1} for a model with {n_layers} blocks"
+        )
     if k == 1:
         return [n_layers]
     return sorted({round(i * n_layers / (k - 1)) for i in range(k)})
@@ -37,7 +42,9 @@ def _parse_layers(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError as err:
-        raise CliError(f"--layers takes comma-separated ints such as 0,10,20,30, got {text!r}") from err
+        raise CliError(
+            f"--layers takes comma-separated ints such as 0,10,20,30, got {text!r}"
+        ) from err
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,19 +52,83 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     from captum_iglens.ig_lens import BASELINES, METHODS
 
     parser.add_argument("prompt", nargs="*", help="the prompt (several words are joined)")
-    parser.add_argument("--stdin", action="store_true", help="read prompts from standard input, one per line")
-    parser.add_argument("--loop", action="store_true", help="ask for prompts repeatedly until an empty line or EOF")
-    parser.add_argument("--model", default=None, help="'smollm2' (default, embedded), a local model folder or a .gguf file")
-    parser.add_argument("--layers", type=_parse_layers, default=None, help="hidden-state indices, e.g. 0,10,20,30 (the last block is always added)")
-    parser.add_argument("--k", type=int, default=None, help="use k evenly spaced layers instead of all blocks")
-    parser.add_argument("--method", default="prediction_aware", choices=METHODS, help="estimator (default: prediction_aware)")
-    parser.add_argument("--n-steps", type=int, default=50, help="steps per segment for gradient estimators (default: 50)")
-    parser.add_argument("--baseline", default="mean", choices=BASELINES, help="baseline in residual space (default: mean)")
-    parser.add_argument("--onset-frac", type=float, default=0.5, help="mass fraction for the onset layer (default: 0.5)")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="longest answer (default: 32)")
-    parser.add_argument("--internal-batch-size", type=int, default=None, help="readout rows per chunk")
-    parser.add_argument("--no-chat-template", action="store_true", help="explain the raw prompt, without the chat template")
-    parser.add_argument("--json", dest="json_path", default=None, help="write the results as JSON to this path")
+    parser.add_argument(
+        "--stdin", action="store_true", help="read prompts from standard input, one per line"
+    )
+    parser.add_argument(
+        "--prompts-file",
+        default=None,
+        metavar="PATH",
+        help="read prompts from a UTF-8 file, one per line (blank lines skipped)",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="explain this answer text (each of its tokens, teacher-forced) instead of "
+        "generating one; a leading space matters",
+    )
+    parser.add_argument(
+        "--loop", action="store_true", help="ask for prompts repeatedly until an empty line or EOF"
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="'smollm2' (default, embedded), a local model folder or a .gguf file",
+    )
+    parser.add_argument(
+        "--layers",
+        type=_parse_layers,
+        default=None,
+        help="hidden-state indices, e.g. 0,10,20,30 (the last block is always added)",
+    )
+    parser.add_argument(
+        "--k", type=int, default=None, help="use k evenly spaced layers instead of all blocks"
+    )
+    parser.add_argument(
+        "--method",
+        default="prediction_aware",
+        choices=METHODS,
+        help="estimator (default: prediction_aware)",
+    )
+    parser.add_argument(
+        "--n-steps",
+        type=int,
+        default=50,
+        help="steps per segment for gradient estimators (default: 50)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="mean",
+        choices=BASELINES,
+        help="baseline in residual space (default: mean)",
+    )
+    parser.add_argument(
+        "--onset-frac",
+        type=float,
+        default=0.5,
+        help="mass fraction for the onset layer (default: 0.5)",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=32, help="longest answer (default: 32)"
+    )
+    parser.add_argument(
+        "--internal-batch-size", type=int, default=None, help="readout rows per chunk"
+    )
+    parser.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="explain the raw prompt, without the chat template",
+    )
+    parser.add_argument(
+        "--json", dest="json_path", default=None, help="write the results as JSON to this path"
+    )
+    parser.add_argument(
+        "--plot",
+        dest="plot_path",
+        default=None,
+        help="write the token x layer heatmap and logit-lens trajectory (PNG, PDF, SVG) to "
+        "this path; several prompts get PATH-<i>",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
     """The prompts named by the arguments (not for ``--loop``)."""
+    if getattr(args, "prompts_file", None):
+        if args.stdin or args.prompt:
+            raise CliError("give --prompts-file, --stdin or a prompt, not several of them")
+        try:
+            with open(args.prompts_file, encoding="utf-8") as handle:
+                prompts = [line.strip() for line in handle.read().splitlines() if line.strip()]
+        except OSError as err:
+            raise CliError(f"cannot read --prompts-file {args.prompts_file!r}: {err}") from err
+        if not prompts:
+            raise CliError(f"--prompts-file {args.prompts_file!r} holds no prompt: one per line")
+        return prompts
     if args.stdin:
         prompts = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
         if not prompts:
@@ -102,7 +184,9 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    print(f"loading {args.model or 'smollm2 (embedded SmolLM2-135M-Instruct)'} ...", file=sys.stderr)
+    print(
+        f"loading {args.model or 'smollm2 (embedded SmolLM2-135M-Instruct)'} ...", file=sys.stderr
+    )
     return load_model(args.model)
 
 
@@ -123,14 +207,26 @@ def _run_main(args: argparse.Namespace) -> int:
 
     def run_one(prompt: str) -> None:
         result = _explain_one(
-            model, tokenizer, prompt, args.max_new_tokens, lens, args.method, args.n_steps,
-            args.baseline, args.onset_frac, args.internal_batch_size, not args.no_chat_template,
+            model,
+            tokenizer,
+            prompt,
+            args.max_new_tokens,
+            lens,
+            args.method,
+            args.n_steps,
+            args.baseline,
+            args.onset_frac,
+            args.internal_batch_size,
+            not args.no_chat_template,
+            getattr(args, "target", None),
         )
         results.append(result)
         print(f"prompt: {prompt}")
         if not result.chat_template_used:
             print("(no chat template: the raw prompt was used)")
         print(f"answer: {result.answer}")
+        if getattr(args, "target", None) is not None:
+            print(f"target token ids: {result.token_ids}")
         print(result.format_table())
         print()
 
@@ -151,13 +247,32 @@ def _run_main(args: argparse.Namespace) -> int:
         with open(args.json_path, "w", encoding="utf-8") as handle:
             json.dump(payload, handle, indent=2)
         print(f"wrote {args.json_path}", file=sys.stderr)
+    if getattr(args, "plot_path", None) and results:
+        _write_plots(results, args.plot_path)
     return 0
+
+
+def _write_plots(results: list, path: str) -> None:
+    """``--plot``: one figure per result (``stem-<i>.ext`` when there are several)."""
+    from pathlib import Path
+
+    target = Path(path)
+    for i, result in enumerate(results):
+        out = target
+        if len(results) > 1:
+            out = target.with_name(f"{target.stem}-{i}{target.suffix}")
+        result.plot(str(out))
+        print(f"wrote {out}", file=sys.stderr)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``iglens`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] == "compare":  # `iglens compare ...`: see cli_compare.py
+            from captum_iglens.cli_compare import run_compare
+
+            return run_compare(argv[1:])
         args = build_parser().parse_args(argv)
         return _run_main(args)
     except CliError as err:

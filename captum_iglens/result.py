@@ -136,7 +136,8 @@ class IGLensResult:
             for j, name in enumerate(names):
                 row = f"{name:>6} |"
                 for t in cols:
-                    row += f" {float(self.attributions[t, j]):+9.5f} {float(self.lens_probs[t, j]):9.5f} |"
+                    credit, level = float(self.attributions[t, j]), float(self.lens_probs[t, j])
+                    row += f" {credit:+9.5f} {level:9.5f} |"
                 lines.append(row)
             lines.append("-" * len(head))
             for label, values in (
@@ -146,7 +147,10 @@ class IGLensResult:
             ):
                 lines.append(f"{label:>6} |" + "".join(f" {v:+19.6f} |" for v in values))
             lines.append(
-                f"{'onset':>6} |" + "".join(f" {names[self.layer_indices.index(self.onset_layers[t])]:>19} |" for t in cols)
+                f"{'onset':>6} |"
+                + "".join(
+                    f" {names[self.layer_indices.index(self.onset_layers[t])]:>19} |" for t in cols
+                )
             )
             lines.append("")
         lines.append(
@@ -154,6 +158,26 @@ class IGLensResult:
             f"over {len(self.tokens)} tokens ({self.method}, baseline={self.baseline})"
         )
         return "\n".join(lines)
+
+    def to_captum(self) -> Any:
+        """This result as a ``captum.attr.LLMAttributionResult``: layer names as input
+        tokens, answer tokens as output tokens, ``token_attr`` the ``[T, k]`` credits,
+        ``seq_attr`` their ``[k]`` sum over tokens; ``plot_token_attr()`` draws the token x
+        layer heatmap. See :func:`captum_iglens.plot.result_to_captum`."""
+        from captum_iglens.plot import result_to_captum
+
+        return result_to_captum(self)
+
+    def plot(self, path: Optional[str] = None, **kwargs: Any) -> Any:
+        """Token x layer heatmap (diverging, centred at 0, onset marked) and the logit-lens
+        trajectory per token; returns the matplotlib ``Figure`` and saves it to ``path`` if
+        given. See :func:`captum_iglens.plot.plot_result`."""
+        from captum_iglens.plot import plot_result
+
+        fig = plot_result(self, **kwargs)
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        return fig
 
     def __str__(self) -> str:
         return f"answer: {self.answer!r}\n" + self.format_table()

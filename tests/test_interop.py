@@ -1,0 +1,121 @@
+"""Captum visualization interop: to_captum(), LLMIGLensAttribution, IGLensResult.plot()."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from captum.attr import (  # noqa: E402
+    LayerIntegratedGradients,
+    LLMAttributionResult,
+    LLMGradientAttribution,
+    TextTokenInput,
+)
+from conftest import make_tiny  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from captum_iglens import IGLens, explain_ids  # noqa: E402
+from captum_iglens.llm_attr import LLMIGLensAttribution  # noqa: E402
+
+PROMPT = [5, 17, 33, 8, 90, 41]
+ANSWER = [12, 77, 3, 64]
+
+
+@pytest.fixture(scope="module")
+def result():
+    model = make_tiny("llama", n_layers=4)
+    return explain_ids(model, PROMPT, ANSWER, layers=[0, 2, 3, 4])
+
+
+def test_to_captum_round_trip(result) -> None:
+    res = result.to_captum()
+    assert isinstance(res, LLMAttributionResult)
+    assert res.input_tokens == ["emb", "L2", "L3", "L4"] == result.layer_names
+    assert res.output_tokens == result.tokens == [str(i) for i in ANSWER]
+    assert tuple(res.token_attr.shape) == (len(ANSWER), 4)
+    torch.testing.assert_close(res.token_attr, result.attributions.float())
+    torch.testing.assert_close(res.seq_attr, result.attributions.float().sum(0))
+    torch.testing.assert_close(res.output_probs, result.p_final.float())
+    # each row adds up to that token's Δp (Proposition 1) in Captum's container too
+    torch.testing.assert_close(res.token_attr.sum(1), result.delta_p.float(), atol=1e-6, rtol=0)
+    assert res.seq_attr_dict == pytest.approx(
+        dict(zip(result.layer_names, result.attributions.sum(0).tolist(), strict=True))
+    )
+    fig, ax = res.plot_token_attr()
+    assert isinstance(fig, Figure)
+    np.testing.assert_allclose(ax.images[0].get_array(), res.token_attr.numpy())
+    assert [t.get_text() for t in ax.get_xticklabels()] == result.layer_names
+    fig2, ax2 = res.plot_seq_attr()
+    assert isinstance(fig2, Figure) and len(ax2.patches) == 2 * 4  # pos + neg bars per layer
+
+
+def test_result_plot(result, tmp_path) -> None:
+    path = tmp_path / "heat.png"
+    fig = result.plot(str(path))
+    assert isinstance(fig, Figure) and path.stat().st_size > 1000
+    ax_map = next(ax for ax in fig.axes if ax.images)
+    ax_traj = next(ax for ax in fig.axes if ax.get_lines())
+    image = ax_map.images[0]
+    np.testing.assert_allclose(image.get_array(), result.attributions.numpy())
+    vmax = float(result.attributions.abs().max())
+    assert image.norm.vmin == pytest.approx(-vmax) and image.norm.vmax == pytest.approx(vmax)
+    assert image.get_cmap().name == "RdBu_r"
+    # one onset marker per token at (onset column, token row)
+    markers = np.concatenate([c.get_offsets() for c in ax_map.collections])
+    cols = [result.layer_indices.index(o) for o in result.onset_layers]
+    np.testing.assert_allclose(markers, np.array([[c, t] for t, c in enumerate(cols)]))
+    # one logit-lens trajectory per token
+    lines = ax_traj.get_lines()
+    assert len(lines) == len(ANSWER)
+    for t, line in enumerate(lines):
+        np.testing.assert_allclose(line.get_xdata(), result.layer_indices)
+        np.testing.assert_allclose(line.get_ydata(), result.lens_probs[t].numpy(), rtol=1e-6)
+
+
+def test_llm_gradient_attribution_path(smollm2) -> None:
+    model, tokenizer = smollm2
+    assert issubclass(LLMIGLensAttribution, LLMGradientAttribution)
+    assert IGLens in LLMIGLensAttribution.SUPPORTED_METHODS
+    assert LayerIntegratedGradients in LLMIGLensAttribution.SUPPORTED_METHODS
+    lens = IGLens(model, layers=[10, 20, 30])
+    llm_attr = LLMIGLensAttribution(lens, tokenizer)
+    inp = TextTokenInput("The capital of France is", tokenizer)
+    res = llm_attr.attribute(inp, target=" Paris, France")
+    target = tokenizer(" Paris, France", add_special_tokens=False)["input_ids"]
+    assert isinstance(res, LLMAttributionResult)
+    assert res.input_tokens == ["L10", "L20", "L30"]
+    assert len(res.output_tokens) == len(target) and "Paris" in res.output_tokens[0]
+    assert tuple(res.token_attr.shape) == (len(target), 3)
+    # one teacher-forced pass over prompt + target[:-1]: row t is IG-Lens at position
+    # len(prompt) - 1 + t with target[t]
+    prompt = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    ids = torch.cat([prompt, torch.tensor([target[:-1]], dtype=torch.long)], dim=1)
+    n = prompt.shape[1]
+    out = lens.attribute_details(ids, target=torch.tensor([target]),
+                                 positions=list(range(n - 1, n - 1 + len(target))))
+    torch.testing.assert_close(res.token_attr, out.attributions[0].float(), atol=1e-7, rtol=0)
+    torch.testing.assert_close(res.output_probs, out.p_final[0].float(), atol=1e-7, rtol=0)
+    torch.testing.assert_close(res.token_attr.sum(1), out.delta_p[0].float(), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        logits = model(ids, use_cache=False).logits[0, n - 1:].softmax(-1)
+    model_p = logits[torch.arange(len(target)), torch.tensor(target)]
+    torch.testing.assert_close(res.output_probs, model_p, atol=1e-5, rtol=0)
+    torch.testing.assert_close(res.seq_attr, res.token_attr.sum(0))
+    fig, _ = res.plot_token_attr()
+    assert isinstance(fig, Figure)
+
+
+def test_captum_methods_pass_through_unchanged(smollm2) -> None:
+    """With one of Captum's own methods the subclass is Captum's LLMGradientAttribution."""
+    model, tokenizer = smollm2
+    inp = TextTokenInput("The capital of France is", tokenizer)
+    lig = LayerIntegratedGradients(model, model.get_input_embeddings())
+    ours = LLMIGLensAttribution(lig, tokenizer).attribute(inp, target=" Paris", n_steps=4)
+    theirs = LLMGradientAttribution(lig, tokenizer).attribute(inp, target=" Paris", n_steps=4)
+    assert ours.input_tokens == theirs.input_tokens == inp.values  # input tokens, not layers
+    torch.testing.assert_close(ours.token_attr, theirs.token_attr)
+    torch.testing.assert_close(ours.seq_attr, theirs.seq_attr)

@@ -1,0 +1,252 @@
+"""Generate the tutorial notebooks (no outputs are committed).
+
+    python tutorials/make_notebooks.py
+
+Edit the cells here and re-run; tests/test_tutorials.py executes the notebooks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+SETUP = """\
+%matplotlib inline
+import os
+
+from transformers.utils import logging as hf_logging
+
+from captum_iglens.models import load_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
+model, tokenizer = load_model()  # the embedded SmolLM2-135M-Instruct, offline
+print(type(model).__name__, "with", model.config.num_hidden_layers, "decoder blocks")"""
+
+
+def getting_started() -> nbformat.NotebookNode:
+    cells = [
+        new_markdown_cell(
+            "# Getting started with IG-Lens\n\n"
+            "IG-Lens (D. A. Nguyen, arXiv:2606.29693) answers: *between which layers of a "
+            "decoder-only transformer is the probability of a predicted token produced?* It "
+            "integrates the gradient of the logit-lens readout "
+            "`f(h) = softmax(unembed(final_norm(h)))[y]` along one path through the residual "
+            "stream, `baseline -> h_L1 -> ... -> h_n`, and credits each chosen layer with its "
+            "segment. The credits add up exactly to the change of the token's probability, "
+            "`Δp = f(h_n) - f(baseline)`.\n\n"
+            "This notebook runs offline on the embedded SmolLM2-135M-Instruct (30 blocks)."
+        ),
+        new_code_cell(SETUP),
+        new_markdown_cell(
+            "## Explain a prompt\n\n"
+            "`explain` applies the chat template, generates the answer greedily and attributes "
+            "every answer token with one teacher-forced forward. We keep 7 evenly spaced "
+            "layers so the table fits on screen (`layers=None` takes all 30 blocks; index 0 is "
+            "the embedding output, `l` the output of block `l`)."
+        ),
+        new_code_cell(
+            "from captum_iglens import explain\n\n"
+            "result = explain(model, tokenizer, \"What is the capital of Vietnam?\",\n"
+            "                 layers=[0, 5, 10, 15, 20, 25, 30], max_new_tokens=12)\n"
+            "print(\"answer:\", result.answer)\n"
+            "print(result.format_table())"
+        ),
+        new_markdown_cell(
+            "## Reading the table\n\n"
+            "For every answer token there are two columns: **IG**, the IG-Lens credit of each "
+            "layer (probability units, signed), and **lens p**, the logit-lens probability "
+            "`f(h_L)` of the token read out at that layer (a *level*, not a credit). The footer "
+            "gives per token the sum of the credits, `Δp`, the model's probability `p` and the "
+            "**onset** layer: the earliest layer at which the cumulative `|credit|` reaches half "
+            "of the token's total `|credit|`."
+        ),
+        new_code_cell(
+            "for token, onset, p in zip(result.tokens, result.onset_layers, result.p_final,\n"
+            "                           strict=True):\n"
+            "    print(f\"{token!r:>14}  onset layer {onset:>2}   p = {float(p):.3f}\")"
+        ),
+        new_markdown_cell(
+            "## Completeness\n\n"
+            "The credits of each token add up to its `Δp` to float precision (Proposition 1 of "
+            "the paper). `completeness_error` is `max_t |sum_j IGL_tj - Δp_t|`."
+        ),
+        new_code_cell(
+            "sums = result.attributions.sum(-1)\n"
+            "print(\"sum of credits:\", sums)\n"
+            "print(\"Δp            :\", result.delta_p)\n"
+            "print(\"completeness error:\", result.completeness_error)\n"
+            "assert result.completeness_error <= 1e-6"
+        ),
+        new_markdown_cell(
+            "## Heatmap and logit-lens trajectory\n\n"
+            "`result.plot()` returns a matplotlib figure: left the token x layer credits "
+            "(diverging colours centred at 0, the onset layer of each token boxed), right the "
+            "logit-lens probability of each token across the layers. From the command line: "
+            "`iglens --plot heat.png \"...\"`."
+        ),
+        new_code_cell("fig = result.plot()\nfig"),
+        new_markdown_cell(
+            "## Captum's plots\n\n"
+            "`result.to_captum()` is a `captum.attr.LLMAttributionResult` whose *input tokens* "
+            "are the layer names and whose output tokens are the answer tokens, so Captum's own "
+            "`plot_token_attr()` and `plot_seq_attr()` work unchanged."
+        ),
+        new_code_cell(
+            "captum_result = result.to_captum()\n"
+            "print(captum_result.input_tokens)\n"
+            "print(captum_result.output_tokens)\n"
+            "fig, ax = captum_result.plot_token_attr()  # Captum draws with pyplot: shown inline"
+        ),
+        new_code_cell("fig, ax = captum_result.plot_seq_attr()"),
+        new_markdown_cell(
+            "## The `LLMGradientAttribution` way\n\n"
+            "`LLMIGLensAttribution` is Captum's `LLMGradientAttribution` with `IGLens` added to "
+            "its supported methods: the same call shape as with `LayerIntegratedGradients`, but "
+            "the features are layers. Mind the leading space of the target: `\" Paris\"` and "
+            "`\"Paris\"` are different tokens."
+        ),
+        new_code_cell(
+            "from captum.attr import TextTokenInput\n\n"
+            "from captum_iglens import IGLens\n"
+            "from captum_iglens.llm_attr import LLMIGLensAttribution\n\n"
+            "llm_attr = LLMIGLensAttribution(IGLens(model, layers=[0, 10, 20, 30]), tokenizer)\n"
+            "res = llm_attr.attribute(TextTokenInput(\"The capital of France is\", tokenizer),\n"
+            "                         target=\" Paris\")\n"
+            "print(res.input_tokens, res.output_tokens, res.token_attr, res.output_probs)\n"
+            "fig, ax = res.plot_token_attr()"
+        ),
+        new_markdown_cell(
+            "## The Captum `Attribution` API\n\n"
+            "`IGLens` is a Captum `Attribution`: `attribute(inputs, target=..., positions=..., "
+            "baselines=..., return_convergence_delta=True)`; the delta is `sum - Δp`."
+        ),
+        new_code_cell(
+            "lens = IGLens(model, layers=[model.model.layers[i] for i in (9, 19, 29)])\n"
+            "ids = tokenizer(\"The capital of France is\", return_tensors=\"pt\").input_ids\n"
+            "attributions, delta = lens.attribute(ids, positions=-1,\n"
+            "                                     return_convergence_delta=True)\n"
+            "print(lens.layer_indices, attributions, delta)\n"
+            "assert float(delta.abs().max()) <= 1e-6"
+        ),
+        new_markdown_cell(
+            "## What IG-Lens measures\n\n"
+            "A conditional marginal: the extra probability that the final norm and unembedding "
+            "can read out of `h_L` beyond the previous chosen layer. It is **not** the total "
+            "causal effect of block `L` through the blocks above it; to measure that, ablate the "
+            "block. The tutorial *Completeness_IG_Lens_vs_Captum* compares IG-Lens with Captum's "
+            "layer methods."
+        ),
+    ]
+    return new_notebook(cells=cells, metadata=_metadata())
+
+
+def completeness() -> nbformat.NotebookNode:
+    cells = [
+        new_markdown_cell(
+            "# Completeness: IG-Lens vs Captum's layer methods\n\n"
+            "We explain one prediction of the embedded SmolLM2-135M-Instruct with IG-Lens "
+            "(arXiv:2606.29693), Captum's `LayerIntegratedGradients` and `LayerConductance` "
+            "(one decoder layer at a time) and the logit lens, on the same token ids, the same "
+            "position, the same target token and the same layers, and check which per-layer "
+            "credits add up to the change they explain. Runs offline in about a minute."
+        ),
+        new_code_cell(SETUP),
+        new_markdown_cell(
+            "## The prediction\n\n"
+            "`\"The capital of France is\"` → the model's next token. Four layers: the "
+            "embedding output (0) and the outputs of blocks 10, 20 and 30; 16 integration steps "
+            "per Captum run."
+        ),
+        new_code_cell(
+            "from captum_iglens.compare import compare_completeness\n\n"
+            "ids = tokenizer(\"The capital of France is\", return_tensors=\"pt\").input_ids\n"
+            "report = compare_completeness(model, ids, layers=[0, 10, 20, 30], n_steps=16,\n"
+            "                              tokenizer=tokenizer)\n"
+            "print(report)"
+        ),
+        new_code_cell("fig = report.plot()\nfig"),
+        new_markdown_cell(
+            "## Why the Captum layer methods do not add up\n\n"
+            "Captum's `LayerIntegratedGradients(layer)` replaces that layer's output by a "
+            "straight line from its value on the baseline input to its value on the real input, "
+            "and integrates the gradient of `F` along that line. In a residual transformer the "
+            "output of *any* decoder block carries everything the rest of the network sees: it "
+            "is a complete cut. So each single-layer run is an ordinary Integrated Gradients "
+            "run through the whole upper network, and by IG's own completeness its total is the "
+            "**whole** change `F(x) - F(x')`, for every layer. Each layer gets its own baseline "
+            "(the layer's activation on the baseline input), and nothing ties the layers "
+            "together. Summing `k` layers therefore gives about `k` times the change, as the "
+            "`sum` row shows. `LayerConductance` has the same structure (its per-layer totals "
+            "are each about the whole change, plus a larger discretisation error). Asking "
+            "Captum for a list of layers does not help either: the hooks cut the earlier layers "
+            "out of the graph, so the comparison runs one layer at a time.\n\n"
+            "IG-Lens takes **one** path through the layers, `b → h_L1 → h_L2 → ... → h_n`, and "
+            "credits each layer with its own segment. The segments are consecutive, so by the "
+            "gradient theorem the credits telescope: they add up to `f(h_n) - f(b) = Δp`, to "
+            "float precision, whatever the number of layers."
+        ),
+        new_code_cell(
+            "ig = report[\"ig_lens\"]\n"
+            "lig = report[\"layer_integrated_gradients\"]\n"
+            "lc = report[\"layer_conductance\"]\n"
+            "change = report.f_input - report.f_baseline\n"
+            "print(f\"IG-Lens : sum {ig.layer_sum:+.6f}  Δp {ig.total:+.6f}\"\n"
+            "      f\"  gap {ig.completeness_gap:.1e}\")\n"
+            "print(f\"LayerIG : per layer {[round(float(v), 4) for v in lig.per_layer]}\")\n"
+            "k = len(report.layer_indices)\n"
+            "print(f\"          sum / (F(x) - F(x')) = {lig.layer_sum / change:.2f}  (k = {k})\")\n"
+            "print(f\"LayerCond: sum / (F(x) - F(x')) = {lc.layer_sum / change:.2f}\")\n"
+            "assert ig.completeness_gap <= 1e-6\n"
+            "assert lig.completeness_gap > 0.5 * abs(change)"
+        ),
+        new_markdown_cell(
+            "## What IG-Lens does not measure\n\n"
+            "IG-Lens's credit for layer `L` is a **conditional marginal**: how much more "
+            "probability the final norm and unembedding can read out of the residual stream at "
+            "`L` than at the previous chosen layer. It is measured *through the readout*, not "
+            "through the blocks above `L`. A block whose write is only used later (for example "
+            "an attention head that moves information that a later MLP turns into the answer) "
+            "can get little IG-Lens credit while ablating it would destroy the prediction. "
+            "IG-Lens tells you *where along the depth the answer becomes readable*; for the "
+            "total causal effect of a block, ablate it. Also note that the totals differ: "
+            "IG-Lens's baseline lives in residual space (`\"mean\"`), Captum's is an input "
+            "sequence (the prompt's special tokens kept, other tokens replaced by a space), so "
+            "each method is compared with its *own* total."
+        ),
+        new_markdown_cell(
+            "## From the command line\n\n"
+            "```\n"
+            "iglens compare --k 4 \"What is the capital of Vietnam?\"\n"
+            "iglens compare --token-index 6 --json cmp.json --plot cmp.png \"...\"\n"
+            "```"
+        ),
+    ]
+    return new_notebook(cells=cells, metadata=_metadata())
+
+
+def _metadata() -> dict:
+    return {
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+
+
+def main() -> None:
+    for name, build in (
+        ("Getting_started_with_IG_Lens.ipynb", getting_started),
+        ("Completeness_IG_Lens_vs_Captum.ipynb", completeness),
+    ):
+        nb = build()
+        nbformat.validate(nb)
+        nbformat.write(nb, HERE / name)
+        print("wrote", HERE / name)
+
+
+if __name__ == "__main__":
+    main()
