@@ -112,27 +112,6 @@ def test_internal_batch_size_does_not_change_results(tiny_model, input_ids):
             assertTensorAlmostEqual(None, got, ref, delta=1e-6, mode="max")
 
 
-def test_left_padded_batch_equals_single_prompts(tiny_model):
-    """Per-row results of a left-padded batch with attention mask = single-prompt results."""
-    gen = torch.Generator().manual_seed(3)
-    lengths = [9, 5, 7]
-    rows = [torch.randint(3, VOCAB, (n,), generator=gen) for n in lengths]
-    width = max(lengths)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = row
-        mask[i, width - len(row):] = 1
-    lens = IGLens(tiny_model)
-    batched = lens.attribute_details(ids, positions=[-2, -1], additional_forward_args=mask)
-    for i, row in enumerate(rows):
-        single = lens.attribute_details(row[None], positions=[-2, -1])
-        assert torch.equal(batched.target[i], single.target[0])
-        for name in ("attributions", "p_final", "p_baseline", "lens_probs"):
-            assertTensorAlmostEqual(None, getattr(batched, name)[i], getattr(single, name)[0],
-                                    delta=1e-5, mode="max")
-
-
 def _hook_count(model: torch.nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
