@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from captum.testing.helpers.basic import assertTensorAlmostEqual
-from conftest import VOCAB, make_tiny
+from conftest import make_tiny
 
 from captum_iglens import IGLens, onset_layer_indices
 from captum_iglens.residual import capture_residual_stream
