@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 from typing import Any, Optional, Sequence
 
 __all__ = ["main", "build_parser", "evenly_spaced_layers"]
@@ -190,6 +192,31 @@ def load(args: argparse.Namespace) -> tuple[Any, Any]:
     return load_model(args.model)
 
 
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse ``--json`` / ``--plot`` paths that cannot be written, before any computing."""
+    from pathlib import Path
+
+    for option, path in (
+        ("--json", getattr(args, "json_path", None)),
+        ("--plot", getattr(args, "plot_path", None)),
+    ):
+        if not path:
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise CliError(f"{option} {path!r} is a folder: give a file path")
+        if not target.parent.is_dir():
+            raise CliError(f"{option} {path!r}: the folder {str(target.parent)!r} does not exist")
+        if option == "--plot":
+            from matplotlib.figure import Figure
+
+            kinds = Figure().canvas.get_supported_filetypes()
+            if target.suffix.lstrip(".").lower() not in kinds:
+                raise CliError(
+                    f"--plot {path!r}: use one of the extensions {', '.join(sorted(kinds))}"
+                )
+
+
 def _run_main(args: argparse.Namespace) -> int:
     from captum_iglens.ig_lens import IGLens
     from captum_iglens.text import _explain_one
@@ -200,6 +227,7 @@ def _run_main(args: argparse.Namespace) -> int:
         raise CliError("--max-new-tokens must be >= 1")
     if not 0 < args.onset_frac <= 1:
         raise CliError("--onset-frac must be in (0, 1]")
+    check_output_paths(args)
     prompts = [] if args.loop else read_prompts(args)
     model, tokenizer = load(args)
     lens = IGLens(model, layers=resolve_layers(args, len(IGLens(model).decoder_blocks)))
@@ -242,7 +270,9 @@ def _run_main(args: argparse.Namespace) -> int:
     else:
         for prompt in prompts:
             run_one(prompt)
-    if args.json_path:
+    if args.json_path and not results:
+        print(f"no prompt was explained: {args.json_path} not written", file=sys.stderr)
+    elif args.json_path:
         payload: Any = results[0].to_dict() if len(results) == 1 else [r.to_dict() for r in results]
         with open(args.json_path, "w", encoding="utf-8") as handle:
             json.dump(payload, handle, indent=2)
@@ -268,22 +298,33 @@ def _write_plots(results: list, path: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``iglens`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] == "compare":  # `iglens compare ...`: see cli_compare.py
-            from captum_iglens.cli_compare import run_compare
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        try:
+            if argv and argv[0] == "compare":  # `iglens compare ...`: see cli_compare.py
+                from captum_iglens.cli_compare import run_compare
 
-            return run_compare(argv[1:])
-        args = build_parser().parse_args(argv)
-        return _run_main(args)
-    except CliError as err:
-        print(f"iglens: error: {err}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"iglens: error: {message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+                return run_compare(argv[1:])
+            args = build_parser().parse_args(argv)
+            return _run_main(args)
+        except CliError as err:
+            print(f"iglens: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+        except Exception as err:  # a one-line error, never a traceback (IGLENS_DEBUG=1: raise)
+            if os.environ.get("IGLENS_DEBUG"):
+                raise
+            message = str(err).splitlines()[0] if str(err) else ""
+            expected = (ValueError, TypeError, OSError, RuntimeError, ArithmeticError)
+            if not isinstance(err, expected):
+                message = f"{type(err).__name__}: {message} (IGLENS_DEBUG=1 shows the traceback)"
+            print(f"iglens: error: {message or type(err).__name__}", file=sys.stderr)
+            return 1
+
+
+def _one_line_warning(message: Warning | str, category: type, *_: object, **__: object) -> None:
+    print(f"iglens: warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

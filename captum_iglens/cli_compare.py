@@ -13,7 +13,14 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from captum_iglens.cli import CliError, _parse_layers, _Parser, evenly_spaced_layers, load
+from captum_iglens.cli import (
+    CliError,
+    _parse_layers,
+    _Parser,
+    check_output_paths,
+    evenly_spaced_layers,
+    load,
+)
 
 __all__ = ["build_compare_parser", "run_compare"]
 
@@ -86,6 +93,7 @@ def run_compare(argv: Sequence[str]) -> int:
         raise CliError("--token-index must be >= 0")
     if args.internal_batch_size is not None and args.internal_batch_size < 1:
         raise CliError("--internal-batch-size must be >= 1")
+    check_output_paths(args)
     model, tokenizer = load(args)
     n_layers = IGLens(model).num_layers
     layers = args.layers if args.layers is not None else evenly_spaced_layers(

@@ -20,8 +20,9 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from captum.attr import LayerConductance, LayerIntegratedGradients
@@ -36,6 +37,7 @@ __all__ = [
     "MethodCompleteness",
     "compare_completeness",
     "input_baseline_ids",
+    "residual_tap",
     "target_probability_forward",
 ]
 
@@ -406,9 +408,41 @@ def _describe_baseline(base: Tensor, input_ids: Tensor, tokenizer: Any) -> str:
             "positions, the others kept")
 
 
-def _layer_for_index(blocks: nn.ModuleList, index: int) -> tuple[nn.Module, bool]:
-    """Module whose output (or input, for index 0) is hidden state ``index``."""
-    return (blocks[0], True) if index == 0 else (blocks[index - 1], False)
+@contextmanager
+def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
+    """An ``nn.Identity`` through which the residual ``h_index`` flows, for Captum's layer hooks.
+
+    Captum's layer methods hook a module's input or output. Decoder blocks are awkward
+    targets: GPT-2 and Falcon blocks take extra positional arguments that are ``None``
+    (Captum refuses them as layer inputs), and Bloom, MPT and GPT-Neo blocks return tuples
+    whose other members are not in the graph (Captum's gradient fails on them). While the
+    context is open, the residual stream at hidden-state index ``index`` (0: the input of the
+    first block; ``l``: the output of block ``l``) is routed through the yielded identity
+    module, whose input and output are that one ``[B, S, d]`` tensor; hooks are removed on exit.
+    """
+    tap = nn.Identity()
+    if index == 0:
+
+        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if args:
+                return (tap(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": tap(kwargs["hidden_states"])}
+
+        handle = blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    else:
+
+        def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+            if isinstance(out, Tensor):
+                return tap(out)
+            if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                return (tap(out[0]), *out[1:])
+            raise TypeError(f"Cannot tap a decoder block output of type {type(out)}")
+
+        handle = blocks[index - 1].register_forward_hook(hook)
+    try:
+        yield tap
+    finally:
+        handle.remove()
 
 
 # ---------------------------------------------------------------------- the comparison
@@ -445,9 +479,9 @@ def compare_completeness(
     - ``"logit_lens"``: the logit-lens probability ``f(h_L)`` per layer (levels, no sum).
 
     Captum's forward functions return ``softmax(logits[:, position])[:, target]`` with
-    ``use_cache=False`` and the attention mask (:func:`target_probability_forward`). Layer
-    index 0 is the input of the first block (``attribute_to_layer_input=True``); index ``l``
-    the output of block ``l``.
+    ``use_cache=False`` and the attention mask (:func:`target_probability_forward`). Each
+    Captum run hooks the residual stream itself (:func:`residual_tap`): index 0 is the input
+    of the first block, index ``l`` the output of block ``l``.
 
     **Baseline (Captum methods)** (:func:`input_baseline_ids`). By default the baseline input
     keeps the prompt's structure and blanks its content: the first attended position, padding
@@ -593,21 +627,21 @@ def compare_completeness(
             per_layer, deltas, times = [], [], []
             start = time.perf_counter()
             for index in indices:
-                layer, to_input = _layer_for_index(blocks, index)
                 t0 = time.perf_counter()
-                if name == "layer_integrated_gradients":
-                    algo: Any = LayerIntegratedGradients(f_ids, layer)
-                    x, xb = inputs, base_ids
-                else:
-                    algo = LayerConductance(f_emb, layer)
-                    embed = model.get_input_embeddings()
-                    with torch.no_grad():
-                        x, xb = embed(inputs), embed(base_ids)
-                attr, delta = algo.attribute(
-                    x, baselines=xb, additional_forward_args=(mask,), n_steps=n_steps,
-                    method=captum_method, internal_batch_size=internal_batch_size,
-                    return_convergence_delta=True, attribute_to_layer_input=to_input,
-                )
+                with residual_tap(blocks, index) as layer:
+                    if name == "layer_integrated_gradients":
+                        algo: Any = LayerIntegratedGradients(f_ids, layer)
+                        x, xb = inputs, base_ids
+                    else:
+                        algo = LayerConductance(f_emb, layer)
+                        embed = model.get_input_embeddings()
+                        with torch.no_grad():
+                            x, xb = embed(inputs), embed(base_ids)
+                    attr, delta = algo.attribute(
+                        x, baselines=xb, additional_forward_args=(mask,), n_steps=n_steps,
+                        method=captum_method, internal_batch_size=internal_batch_size,
+                        return_convergence_delta=True,
+                    )
                 if isinstance(attr, tuple):
                     attr = attr[0]
                 per_layer.append(float(attr.detach().double().sum()))

@@ -10,6 +10,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from captum.attr import GradientAttribution
 from captum.attr._utils.approximation_methods import (
@@ -83,6 +84,26 @@ class _Capture:
     target: Tensor  # [B, P] int64
     model_probs: Tensor  # [B, P] float32, softmax(model logits)[target]
     positions: list[int]
+
+
+def _is_int(value: object) -> bool:
+    """An int (numpy ints included), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+#: Readout chunks are padded to at least this many rows: BLAS takes a different matrix kernel
+#: for 1-3 rows, whose rounding would make results depend on ``internal_batch_size``.
+_MIN_CHUNK_ROWS = 8
+
+
+def _pad_rows(points: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Pad ``points [N, d]`` and ``targets [N]`` to ``_MIN_CHUNK_ROWS`` rows by repeating the
+    last row (a new leaf tensor; the caller keeps the first ``N`` results)."""
+    short = _MIN_CHUNK_ROWS - points.shape[0]
+    if short <= 0:
+        return points.detach(), targets
+    return (torch.cat([points, points[-1:].expand(short, -1)]).detach(),
+            torch.cat([targets, targets[-1:].expand(short)]))
 
 
 class IGLens(GradientAttribution):
@@ -177,6 +198,10 @@ class IGLens(GradientAttribution):
             return tuple(range(1, n + 1))
         if isinstance(layers, (int, nn.Module)):
             layers = [layers]
+        layers = list(layers)
+        if not layers:
+            raise ValueError("layers is empty: give decoder blocks or hidden-state indices, "
+                             "or None for all blocks.")
         get_in = getattr(self.model, "get_input_embeddings", None)
         embedding = get_in() if callable(get_in) else None
         indices: list[int] = []
@@ -193,7 +218,8 @@ class IGLens(GradientAttribution):
                         "blocks nor its input embedding; pass decoder blocks (e.g. "
                         f"model.model.layers[i]) or hidden-state indices 0..{n}."
                     )
-            elif isinstance(layer, int) and not isinstance(layer, bool):
+            elif _is_int(layer):
+                layer = int(layer)
                 index = layer + n + 1 if layer < 0 else layer
                 if not 0 <= index <= n:
                     raise ValueError(
@@ -292,12 +318,18 @@ class IGLens(GradientAttribution):
 
     @staticmethod
     def _normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
-        single = isinstance(positions, int) and not isinstance(positions, bool)
+        if isinstance(positions, Tensor):
+            if positions.is_floating_point() or positions.dtype == torch.bool:
+                raise TypeError(f"positions must be integers, got a {positions.dtype} tensor.")
+            positions = positions.item() if positions.dim() == 0 else positions.tolist()
+        single = _is_int(positions)
         raw = [positions] if single else list(positions)  # type: ignore[arg-type]
         if not raw:
             raise ValueError("positions is empty: give at least one position.")
         out = []
         for pos in raw:
+            if not _is_int(pos):
+                raise TypeError(f"Positions must be integers, got {pos!r}.")
             pos = int(pos)
             index = pos + seq_len if pos < 0 else pos
             if not 0 <= index < seq_len:
@@ -314,7 +346,13 @@ class IGLens(GradientAttribution):
     ) -> Tensor:
         if target is None:
             return default
-        tgt = torch.as_tensor(target, dtype=torch.long, device=default.device)
+        tgt = torch.as_tensor(target, device=default.device)
+        if tgt.is_floating_point() or tgt.is_complex() or tgt.dtype == torch.bool:
+            raise TypeError(
+                f"target must be integer token ids, got {tgt.dtype}; for text use "
+                "captum_iglens.text.target_token_id(tokenizer, text)."
+            )
+        tgt = tgt.long()
         if tgt.dim() == 0:
             tgt = tgt.expand(batch, n_pos)
         elif tgt.dim() == 1:
@@ -364,6 +402,8 @@ class IGLens(GradientAttribution):
         if not isinstance(baselines, Tensor):
             raise TypeError(f"baselines must be a string or a tensor, got {type(baselines)}")
         seq_len = states[self.layer_indices[-1]].shape[1]
+        if not bool(torch.isfinite(baselines).all()):
+            raise ValueError("The baseline tensor contains NaN or inf: give finite values.")
         base = baselines.to(device=hidden.device, dtype=hidden.dtype)
         if base.dim() == 1 and base.shape[0] == d:
             return base.expand(batch, n_pos, d)
@@ -398,8 +438,9 @@ class IGLens(GradientAttribution):
         out = []
         with torch.no_grad():
             for start in range(0, points.shape[0], chunk):
-                stop = start + chunk
-                out.append(self._target_log_probs(points[start:stop], targets[start:stop]).exp())
+                rows, tgt = _pad_rows(points[start:start + chunk], targets[start:start + chunk])
+                n_real = min(chunk, points.shape[0] - start)
+                out.append(self._target_log_probs(rows, tgt)[:n_real].exp())
         return torch.cat(out)
 
     # ------------------------------------------------------------------ forward pass
@@ -415,6 +456,15 @@ class IGLens(GradientAttribution):
         batch, seq_len = inputs.shape
         pos_list, single = self._normalise_positions(positions, seq_len)
         kwargs, mask = self._forward_kwargs(inputs, additional_forward_args)
+        if mask is not None:
+            padded = (mask[:, pos_list] == 0).nonzero()
+            if padded.numel():
+                row, col = padded[0].tolist()
+                raise ValueError(
+                    f"Position {pos_list[col]} of row {row} is padding (attention_mask is 0 "
+                    "there): explain positions of real tokens; with left padding, negative "
+                    "positions such as -1 address the last tokens of every row."
+                )
         needed = set(self.layer_indices)
         if isinstance(baselines, str) and baselines == "embedding":
             needed.add(0)
@@ -524,9 +574,12 @@ class IGLens(GradientAttribution):
             for begin in range(0, n_rows, chunk):
                 rows = torch.arange(begin, min(begin + chunk, n_rows), device=nodes.device)
                 seg, step = rows // n_steps, rows % n_steps
-                points = (starts[seg] + alphas[step, None] * diffs[seg]).requires_grad_(True)
-                probs = self._target_log_probs(points, seg_targets[seg]).exp()
+                points, tgt = _pad_rows(starts[seg] + alphas[step, None] * diffs[seg],
+                                        seg_targets[seg])
+                points.requires_grad_(True)
+                probs = self._target_log_probs(points, tgt).exp()
                 (grad,) = torch.autograd.grad(probs.sum(), points)
+                grad = grad[: rows.shape[0]]  # rows are independent: padding adds nothing
                 contrib = (grad.to(out_dtype) * diffs[seg].to(out_dtype)).sum(-1) * steps[step]
                 credits.index_add_(0, seg, contrib)
         return credits.view(batch, n_pos, k)
@@ -544,6 +597,14 @@ class IGLens(GradientAttribution):
     ) -> tuple[IGLensOutput, bool]:
         if method not in METHODS:
             raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
+        if not _is_int(n_steps) or n_steps < 1:
+            raise ValueError(f"n_steps must be a positive int, got {n_steps!r}.")
+        if method != "prediction_aware" and torch.is_inference_mode_enabled():
+            raise RuntimeError(
+                f"method={method!r} integrates gradients, which torch.inference_mode() forbids: "
+                "call attribute outside inference mode (torch.no_grad() is fine), or use the "
+                "default method='prediction_aware', which needs no gradient."
+            )
         cap, single = self._capture(inputs, target, positions, baselines, additional_forward_args)
         vocab = self._vocab_size() or 1
         chunk = self._chunk_rows(internal_batch_size, vocab)
@@ -695,6 +756,13 @@ class IGLens(GradientAttribution):
             "prediction_aware", 2, internal_batch_size,
         )
         attr = attributions[:, None] if single else attributions
+        if tuple(attr.shape) != tuple(out.p_final.shape) + (len(self.layer_indices),):
+            expected = ([attr.shape[0]] if single else list(out.p_final.shape)) + [
+                len(self.layer_indices)]
+            raise ValueError(
+                f"attributions has shape {tuple(attributions.shape)}, expected {expected}: "
+                f"one credit per chosen layer ({len(self.layer_indices)}) per explained position."
+            )
         delta = self._delta(attr.to(out.p_final.device), out.p_final, out.p_baseline)
         return delta[:, 0] if single else delta
 

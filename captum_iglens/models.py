@@ -13,6 +13,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -69,9 +70,14 @@ def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
 
     cached = _cache_dir_for(gguf)
     if use_cache and (cached / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(cached, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
-        return model.eval(), tokenizer
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cached, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
+            return model.eval(), _checked_tokenizer(tokenizer, cached)
+        except Exception as err:  # a damaged cache (any loader error): rebuild from the GGUF
+            warnings.warn(f"The model cache {cached} is damaged ({str(err).splitlines()[0]}); "
+                          "rebuilding it from the GGUF file.", stacklevel=2)
+            shutil.rmtree(cached, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The de-quantised model is marked quantised and refuses save_pretrained: rebuild a
@@ -86,6 +92,15 @@ def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
     if use_cache:
         _write_cache(model, tokenizer, cached)
     return model.eval(), tokenizer
+
+
+def _checked_tokenizer(tokenizer: Any, folder: Path) -> Any:
+    """Refuse a tokenizer without a vocabulary (transformers builds an empty one from a folder
+    that has no tokenizer files)."""
+    if len(tokenizer) == 0:
+        raise ValueError(f"The tokenizer loaded from {str(folder)!r} has an empty vocabulary: "
+                         "save the model's tokenizer into that folder (tokenizer.save_pretrained).")
+    return tokenizer
 
 
 def _write_cache(model: nn.Module, tokenizer: Any, target: Path) -> None:
@@ -125,7 +140,7 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.M
 
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        return model.eval(), tokenizer
+        return model.eval(), _checked_tokenizer(tokenizer, path)
     raise FileNotFoundError(
         f"--model {spec!r} is neither 'smollm2', a local model folder nor a .gguf file "
         "(models are never downloaded: give a local path)."

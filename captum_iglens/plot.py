@@ -75,6 +75,7 @@ def plot_result(
         figsize = (max(10.0, 0.35 * k + 7.0), max(3.5, 0.32 * n_tok + 1.8))
     fig = _new_figure(figsize)
     ax_map, ax_traj = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(k, 4), max(6, k // 2)]})
+    fig.get_layout_engine().set(wspace=0.1)  # room between the colour bar and the right panel
     limit = float(np.abs(attr).max()) if attr.size else 0.0
     limit = limit if limit > 0 else 1e-12
     image = ax_map.imshow(

@@ -227,3 +227,21 @@ def test_left_padding_gives_the_unpadded_numbers(tiny4, report) -> None:
                                atol=1e-5, rtol=0)
     torch.testing.assert_close(rep["layer_integrated_gradients"].per_layer,
                                report["layer_integrated_gradients"].per_layer, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "falcon", "bloom", "mpt", "gpt_neo", "opt_350m"])
+def test_compare_runs_on_blocks_with_tuple_outputs_and_none_inputs(family):
+    """GPT-2/Falcon blocks take None positional inputs, Bloom/MPT/GPT-Neo return tuples with
+    tensors outside the graph: Captum's hooks go on the residual stream itself instead."""
+    from tiny_families import make_family
+
+    model = make_family(family)
+    ids = torch.randint(3, 128, (1, 7), generator=torch.Generator().manual_seed(0))
+    report = compare_completeness(model, ids, layers=[0, 1, 2], n_steps=8, baselines=5)
+    ig, lig = report["ig_lens"], report["layer_integrated_gradients"]
+    assert ig.completeness_gap <= 1e-6
+    # Captum's own delta: each run's sum minus its own F(x) - F(x').
+    torch.testing.assert_close(lig.per_layer - lig.convergence_deltas,
+                               torch.full_like(lig.per_layer, lig.total), atol=1e-5, rtol=0)
+    assert abs(lig.per_layer[-1] - lig.total) <= 5e-3  # the last block output: a full cut
+    assert torch.isfinite(report["layer_conductance"].per_layer).all()

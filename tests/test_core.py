@@ -169,3 +169,36 @@ def test_onset_layer():
     assert onset_layer_indices(attr, [2, 5, 8], frac=0.35).tolist() == [5, 2, 2]
     with pytest.raises(ValueError, match="fraction"):
         onset_layer_indices(attr, [2, 5, 8], frac=0.0)
+
+
+def test_input_forms_and_refusals_that_would_otherwise_be_silent(tiny_llama, input_ids):
+    """Inputs that torch would silently truncate or that address padding are refused; the
+    numpy / 0-d tensor spellings of an int give the int's result."""
+    import numpy as np
+
+    lens = IGLens(tiny_llama)
+    ref = lens.attribute(input_ids, positions=-1)
+    assert torch.equal(lens.attribute(input_ids, positions=np.int64(-1)), ref)
+    assert torch.equal(lens.attribute(input_ids, positions=torch.tensor(-1)), ref)
+    assert IGLens(tiny_llama, layers=[np.int64(2)]).layer_indices == (2, 4)
+    mask = torch.ones_like(input_ids)
+    mask[1, :3] = 0
+    cases = [
+        (TypeError, "integer token ids", dict(target=3.7)),
+        (TypeError, "integer token ids", dict(target=torch.tensor([3.0, 4.0]))),
+        (TypeError, "integers", dict(positions=[1.5])),
+        (ValueError, "row 1 is padding", dict(positions=[0], additional_forward_args=mask)),
+        (ValueError, "NaN or inf", dict(baselines=torch.full((64,), float("nan")))),
+        (ValueError, "n_steps", dict(n_steps=0)),
+    ]
+    for error, match, kwargs in cases:
+        with pytest.raises(error, match=match):
+            lens.attribute(input_ids, **kwargs)
+    with pytest.raises(ValueError, match="one credit per chosen layer"):
+        lens.compute_convergence_delta(torch.zeros(2, 7), input_ids)
+    with pytest.raises(ValueError, match="layers is empty"):
+        IGLens(tiny_llama, layers=[])
+    with torch.inference_mode():
+        assert torch.equal(lens.attribute(input_ids), ref)
+        with pytest.raises(RuntimeError, match="inference_mode"):
+            lens.attribute(input_ids, method="gausslegendre", n_steps=4)

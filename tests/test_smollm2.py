@@ -107,3 +107,23 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
     assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()
     assert cached_tok.chat_template == tokenizer.chat_template
     assert list(tmp_path.iterdir()) == cached_dirs
+    # A damaged cache (truncated weights) is rebuilt from the GGUF file, with a warning.
+    (cached_dirs[0] / "model.safetensors").write_bytes(b"12345")
+    with pytest.warns(UserWarning, match="damaged"):
+        rebuilt, _ = load_model()
+    with torch.no_grad():
+        assert torch.equal(rebuilt(ids, use_cache=False).logits, a)
+
+
+def test_chunk_size_does_not_change_gradient_estimator_on_smollm2(smollm2):
+    """On a real vocabulary, 1-3 row matrix products take another BLAS kernel; chunks are
+    padded so that results do not depend on internal_batch_size (found at 8e-5 before)."""
+    model, tokenizer = smollm2
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    lens = IGLens(model, layers=[0, 10, 20, 30])
+    ref = lens.attribute(ids, method="gausslegendre", n_steps=4)
+    for chunk in (1, 3, 5):
+        got = lens.attribute(ids, method="gausslegendre", n_steps=4, internal_batch_size=chunk)
+        assert (got - ref).abs().max() <= 1e-6
+    exact = lens.attribute(ids)
+    assert (lens.attribute(ids, internal_batch_size=1) - exact).abs().max() <= 1e-7
