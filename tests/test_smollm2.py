@@ -80,6 +80,9 @@ def test_cli_json_on_smollm2(tmp_path, capsys):
         (["--method", "nope", PROMPT], "invalid choice"),
         ([""], "prompt is empty"),
         (["--model", "/no/such/folder", PROMPT], "neither"),
+        (["--json", "/", PROMPT], "is a folder"),
+        (["--plot", "heat.xyz", PROMPT], "extensions"),
+        (["compare", "--json", "/no/such/dir/x.json", PROMPT], "does not exist"),
     ],
 )
 def test_cli_bad_arguments_give_one_line_errors(argv, needle, capsys):
