@@ -42,11 +42,16 @@ def evenly_spaced_layers(n_layers: int, k: int) -> list[int]:
 
 def _parse_layers(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        layers = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as err:
         raise CliError(
             f"--layers takes comma-separated ints such as 0,10,20,30, got {text!r}"
         ) from err
+    if not layers:
+        raise CliError(f"--layers names no layer: give ints such as 0,10,20,30, got {text!r}")
+    if len(set(layers)) != len(layers):
+        raise CliError(f"--layers names a layer twice: {text!r}")
+    return layers
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -223,6 +228,12 @@ def _run_main(args: argparse.Namespace) -> int:
 
     if args.n_steps < 1:
         raise CliError("--n-steps must be >= 1")
+    if args.method != "prediction_aware" and args.n_steps < 2:
+        raise CliError(f"--method {args.method} needs --n-steps >= 2")
+    if args.k is not None and args.k < 1:
+        raise CliError("--k must be >= 1")
+    if args.internal_batch_size is not None and args.internal_batch_size < 1:
+        raise CliError("--internal-batch-size must be >= 1")
     if args.max_new_tokens < 1:
         raise CliError("--max-new-tokens must be >= 1")
     if not 0 < args.onset_frac <= 1:

@@ -56,7 +56,8 @@ def build_compare_parser() -> argparse.ArgumentParser:
     add("--n-steps", type=int, default=20,
         help="integration steps per Captum layer run (default: 20)")
     add("--baseline-token", type=int, default=None,
-        help="Captum baseline: this token id at every position (default: the BOS token)")
+        help="Captum baseline: this token id at every content position, special tokens "
+             "kept (default: a space token)")
     add("--lens-baseline", default="mean", choices=BASELINES,
         help="IG-Lens baseline in residual space (default: mean)")
     add("--gradient-method", default=None, choices=[m for m in METHODS if m != "prediction_aware"],

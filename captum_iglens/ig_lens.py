@@ -322,7 +322,11 @@ class IGLens(GradientAttribution):
             if positions.is_floating_point() or positions.dtype == torch.bool:
                 raise TypeError(f"positions must be integers, got a {positions.dtype} tensor.")
             positions = positions.item() if positions.dim() == 0 else positions.tolist()
+        if isinstance(positions, np.ndarray):
+            positions = positions.tolist()
         single = _is_int(positions)
+        if not single and not isinstance(positions, (list, tuple, range)):
+            raise TypeError(f"positions must be an int or a sequence of ints, got {positions!r}.")
         raw = [positions] if single else list(positions)  # type: ignore[arg-type]
         if not raw:
             raise ValueError("positions is empty: give at least one position.")
@@ -423,8 +427,10 @@ class IGLens(GradientAttribution):
     def _chunk_rows(self, internal_batch_size: Optional[int], vocab: int) -> int:
         if internal_batch_size is None:
             return max(1, (1 << 24) // max(vocab, 1))
-        if internal_batch_size < 1:
-            raise ValueError(f"internal_batch_size must be >= 1, got {internal_batch_size}")
+        if not _is_int(internal_batch_size) or internal_batch_size < 1:
+            raise ValueError(
+                f"internal_batch_size must be an int >= 1, got {internal_batch_size!r}"
+            )
         return int(internal_batch_size)
 
     def _target_log_probs(self, points: Tensor, targets: Tensor) -> Tensor:
@@ -784,8 +790,8 @@ class IGLens(GradientAttribution):
         the prediction-aware credits; this costs ``T * k * (n_steps + 1)`` readouts, which
         :meth:`attribute` avoids.
         """
-        if n_steps < 1:
-            raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+        if not _is_int(n_steps) or n_steps < 1:
+            raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
         cap, _ = self._capture(inputs, target, positions, baselines, additional_forward_args)
         return self._grid_probs(cap, n_steps, self._chunk_rows(internal_batch_size,
                                                                  self._vocab_size() or 1))

@@ -95,11 +95,13 @@ def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
 
 
 def _checked_tokenizer(tokenizer: Any, folder: Path) -> Any:
-    """Refuse a tokenizer without a vocabulary (transformers builds an empty one from a folder
-    that has no tokenizer files)."""
-    if len(tokenizer) == 0:
-        raise ValueError(f"The tokenizer loaded from {str(folder)!r} has an empty vocabulary: "
-                         "save the model's tokenizer into that folder (tokenizer.save_pretrained).")
+    """Refuse a tokenizer without a vocabulary: from a folder without tokenizer files
+    transformers may build one that holds only special tokens and encodes text to nothing."""
+    if not tokenizer("hello world", add_special_tokens=False)["input_ids"]:
+        raise ValueError(
+            f"The tokenizer loaded from {str(folder)!r} has no vocabulary (it encodes text to no "
+            "tokens): save the model's tokenizer into that folder (tokenizer.save_pretrained)."
+        )
     return tokenizer
 
 
@@ -139,7 +141,13 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.M
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as err:  # transformers' own messages span many lines
+            raise ValueError(
+                f"No usable tokenizer in {str(path)!r} ({str(err).splitlines()[0]}): save the "
+                "model's tokenizer into that folder (tokenizer.save_pretrained)."
+            ) from err
         return model.eval(), _checked_tokenizer(tokenizer, path)
     raise FileNotFoundError(
         f"--model {spec!r} is neither 'smollm2', a local model folder nor a .gguf file "

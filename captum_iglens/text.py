@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from captum_iglens.ig_lens import BaselineSpec, IGLens, LayerSpec
+from captum_iglens.ig_lens import BaselineSpec, IGLens, LayerSpec, _is_int
 from captum_iglens.residual import execution_device, model_state_preserved
 from captum_iglens.result import IGLensResult, _as_cpu
 
@@ -31,6 +31,15 @@ def _input_device(model: nn.Module) -> torch.device:
     emb = get_in() if callable(get_in) else None
     dev = execution_device(emb) if isinstance(emb, nn.Module) else None
     return dev if dev is not None else torch.device("cpu")
+
+
+def _target_ids(target: Any) -> list[int]:
+    """Token ids given as an int, a sequence of ints or an integer tensor (never coerced)."""
+    values = target.tolist() if isinstance(target, torch.Tensor) else target
+    values = [values] if _is_int(values) else list(values)
+    if not values or not all(_is_int(v) for v in values):
+        raise TypeError(f"target must be text or integer token ids, got {target!r}")
+    return [int(v) for v in values]
 
 
 def _describe_ids(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -92,12 +101,21 @@ def build_prompt_ids(
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"]), True
+        return _nonempty(list(tokenizer(text, add_special_tokens=False)["input_ids"]), prompt), True
     if chat_template:
         warnings.warn(
             "The tokenizer has no chat template; explaining the raw prompt.", stacklevel=2
         )
-    return list(tokenizer(prompt)["input_ids"]), False
+    return _nonempty(list(tokenizer(prompt)["input_ids"]), prompt), False
+
+
+def _nonempty(ids: list[int], prompt: str) -> list[int]:
+    if not ids:
+        raise ValueError(
+            f"The tokenizer turned the prompt {prompt[:40]!r} into no tokens: is it the model's "
+            "own tokenizer, with its vocabulary files?"
+        )
+    return ids
 
 
 def generate_answer(
@@ -149,7 +167,9 @@ def explain_ids(
     lens = lens if lens is not None else IGLens(model, layers=layers)
     device = _input_device(model)
     full = list(prompt_ids) + list(answer_ids)
-    ids = torch.tensor([full], device=device)
+    # The last answer token is never an input of an explained prediction: leave it out, so
+    # that the "mean" baseline averages the same positions as an attribution of that prefix.
+    ids = torch.tensor([full[:-1]], device=device)
     n_prompt = len(prompt_ids)
     positions = list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids)))
     target = torch.tensor([list(answer_ids)], device=device)
@@ -272,7 +292,7 @@ def _explain_one(
     elif isinstance(target, str):
         answer_ids = target_token_ids(tokenizer, target)
     else:
-        answer_ids = [int(i) for i in target]
+        answer_ids = _target_ids(target)
     result = explain_ids(
         model, prompt_ids, answer_ids, tokenizer=tokenizer, method=method, n_steps=n_steps,
         baselines=baselines, onset_frac=onset_frac, internal_batch_size=internal_batch_size,

@@ -295,7 +295,8 @@ def test_multi_token_string_target_explained_each() -> None:
     assert result.token_ids == [11, 12, 13]
     assert result.attributions.shape == (3, 2)
     assert result.convergence_delta.abs().max() <= 1e-6
-    full = torch.tensor([[5, 6, 7, 11, 12, 13]])
+    # The last target token is never an input: the teacher-forced sequence stops before it.
+    full = torch.tensor([[5, 6, 7, 11, 12]])
     ref = IGLens(model).attribute_details(full, positions=[2, 3, 4],
                                           target=torch.tensor([[11, 12, 13]]))
     torch.testing.assert_close(result.attributions, ref.attributions[0], atol=1e-7, rtol=0)
@@ -304,6 +305,11 @@ def test_multi_token_string_target_explained_each() -> None:
         several = explain(model, tok, ["w1 w2", "w3"], target=[20])
     assert [r.prompt for r in several] == ["w1 w2", "w3"]
     assert [r.token_ids for r in several] == [[20], [20]]
+    for bad in ([3.7], [True], "w1 w2".split()):
+        with pytest.raises(TypeError, match="integer token ids"):
+            explain(model, tok, "w1", target=bad, chat_template=False)
+    single = explain(model, tok, "w1 w2", target=20, chat_template=False)
+    assert single.token_ids == [20]
 
 
 def test_cli_prompts_file(tmp_path) -> None:

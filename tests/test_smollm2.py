@@ -81,6 +81,9 @@ def test_cli_json_on_smollm2(tmp_path, capsys):
         ([""], "prompt is empty"),
         (["--model", "/no/such/folder", PROMPT], "neither"),
         (["--json", "/", PROMPT], "is a folder"),
+        (["--k", "0", PROMPT], "--k must be"),
+        (["--layers", "3,3", PROMPT], "twice"),
+        (["--method", "gausslegendre", "--n-steps", "1", PROMPT], "needs --n-steps"),
         (["--plot", "heat.xyz", PROMPT], "extensions"),
         (["compare", "--json", "/no/such/dir/x.json", PROMPT], "does not exist"),
     ],
@@ -130,3 +133,13 @@ def test_chunk_size_does_not_change_gradient_estimator_on_smollm2(smollm2):
         assert (got - ref).abs().max() <= 1e-6
     exact = lens.attribute(ids)
     assert (lens.attribute(ids, internal_batch_size=1) - exact).abs().max() <= 1e-7
+
+
+def test_model_folder_without_tokenizer_is_refused(tmp_path):
+    """transformers builds a special-tokens-only tokenizer from a folder without tokenizer
+    files; load_model refuses it instead of explaining an empty prompt."""
+    from tiny_families import make_family
+
+    make_family("gpt2").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_model(str(tmp_path))
