@@ -224,6 +224,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 def _run_main(args: argparse.Namespace) -> int:
     from captum_iglens.ig_lens import IGLens
+    from captum_iglens.readout import resolve_decoder_blocks
     from captum_iglens.text import _explain_one
 
     if args.n_steps < 1:
@@ -241,7 +242,7 @@ def _run_main(args: argparse.Namespace) -> int:
     check_output_paths(args)
     prompts = [] if args.loop else read_prompts(args)
     model, tokenizer = load(args)
-    lens = IGLens(model, layers=resolve_layers(args, len(IGLens(model).decoder_blocks)))
+    lens = IGLens(model, layers=resolve_layers(args, len(resolve_decoder_blocks(model))))
     results = []
 
     def run_one(prompt: str) -> None:

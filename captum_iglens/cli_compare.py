@@ -75,7 +75,7 @@ def build_compare_parser() -> argparse.ArgumentParser:
 
 def run_compare(argv: Sequence[str]) -> int:
     """Run ``iglens compare`` with ``argv`` (without the word ``compare``)."""
-    from captum_iglens.ig_lens import IGLens
+    from captum_iglens.readout import resolve_decoder_blocks
     from captum_iglens.text import build_prompt_ids, generate_answer
 
     args = build_compare_parser().parse_args(list(argv))
@@ -96,7 +96,7 @@ def run_compare(argv: Sequence[str]) -> int:
         raise CliError("--internal-batch-size must be >= 1")
     check_output_paths(args)
     model, tokenizer = load(args)
-    n_layers = IGLens(model).num_layers
+    n_layers = len(resolve_decoder_blocks(model))
     layers = args.layers if args.layers is not None else evenly_spaced_layers(
         n_layers, args.k if args.k is not None else min(DEFAULT_K, n_layers + 1)
     )
