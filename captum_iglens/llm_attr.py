@@ -1,11 +1,11 @@
 """Captum's ``LLMGradientAttribution`` with IG-Lens among its supported methods.
 
 Captum's :class:`~captum.attr.LLMGradientAttribution` wraps a gradient attribution and
-returns an :class:`~captum.attr.LLMAttributionResult` (output tokens x input tokens). With
-IG-Lens the features are not input tokens but decoder layers: the subclass below accepts
-:class:`~captum_iglens.IGLens` next to Captum's own methods and returns a result whose
-"input tokens" are layer names, so Captum's ``plot_token_attr()`` / ``plot_seq_attr()`` draw
-the token x layer map (arXiv:2606.29693).
+returns an :class:`~captum.attr.LLMAttributionResult` (output tokens x input tokens); it
+refuses :class:`~captum_iglens.IGLens` (its ``SUPPORTED_METHODS`` check). The subclass below
+accepts IG-Lens next to Captum's own methods. With IG-Lens the features are decoder layers,
+so the result's "input tokens" are layer names and Captum's ``plot_token_attr()`` /
+``plot_seq_attr()`` draw the token x layer map (arXiv:2606.29693).
 """
 
 from __future__ import annotations
@@ -14,13 +14,43 @@ from typing import Any, Optional, Union
 
 import torch
 from captum.attr import LLMAttributionResult, LLMGradientAttribution, TextTokenInput
-from captum.attr._core.llm_attr import _convert_ids_to_pretty_tokens
-from captum.attr._utils.interpretable_input import InterpretableInput
 from torch import Tensor
 
+from captum_iglens._captum_compat import InterpretableInput, convert_ids_to_pretty_tokens
 from captum_iglens.ig_lens import IGLens
+from captum_iglens.results import IGLensLLMAttributionResult
+from captum_iglens.results._format import layer_names
 
 __all__ = ["LLMIGLensAttribution"]
+
+#: Keywords of IGLens.attribute that the wrapper passes on.
+_PASSED = ("baselines", "method", "n_steps", "internal_batch_size")
+#: Captum keywords that have no meaning for IG-Lens, with what to do instead.
+_REFUSED = {
+    "attribute_to_layer_input": (
+        "IG-Lens credits the segments between the chosen layers' outputs; for the input of "
+        "block l choose hidden-state index l - 1 in IGLens(model, layers=...)"
+    ),
+    "skip_tokens": (
+        "give it to TextTokenInput(prompt, tokenizer, skip_tokens=...): those tokens are kept "
+        "in the reference, every other prompt token becomes the TextTokenInput baseline"
+    ),
+    "additional_forward_args": "the wrapper builds the forward arguments itself",
+    "target": "give target to attribute(inp, target=...) itself",
+}
+
+
+def _check_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    passed = {k: v for k, v in kwargs.items() if k in _PASSED}
+    for key in kwargs:
+        if key in _PASSED or key == "return_convergence_delta":
+            continue
+        reason = _REFUSED.get(key, f"IG-Lens takes only {', '.join(_PASSED)} and "
+                                   "return_convergence_delta")
+        raise TypeError(
+            f"LLMIGLensAttribution.attribute(..., {key}=...) with IGLens: {reason}."
+        )
+    return passed
 
 
 class LLMIGLensAttribution(LLMGradientAttribution):
@@ -28,12 +58,12 @@ class LLMIGLensAttribution(LLMGradientAttribution):
 
     With an ``IGLens`` instance, :meth:`attribute` teacher-forces prompt + target in one
     forward (``use_cache=False``) and attributes the probability of every target token to the
-    chosen layers; the result's ``input_tokens`` are layer names (``"emb"``, ``"L1"``, ...),
-    ``token_attr`` is ``[n_output_tokens, k]`` IG-Lens credit in probability units (not the
-    log-probability Captum's own gradient methods attribute), ``seq_attr`` its sum over the
-    output tokens, ``output_probs`` the model's probability of each target token. Each row of
-    ``token_attr`` adds up to that token's ``Δp = f(h_n) - f(b)`` (Proposition 1). With any of
-    Captum's own methods the behaviour is Captum's unchanged.
+    chosen layers. The reference is the one Captum's gradient methods use: every token of the
+    ``TextTokenInput`` replaced by its ``baselines`` token, its ``skip_tokens`` kept, followed
+    by the target tokens; IG-Lens starts at that reference's last-block residual, so each row
+    of ``token_attr`` adds up to ``F(x) - F(x')`` (Proposition 1). ``baselines="mean"`` (or
+    any :meth:`IGLens.attribute` baseline) overrides it. With any of Captum's own methods the
+    behaviour is Captum's unchanged.
 
     Args:
         attr_method (IGLens or a Captum gradient method): the attribution to wrap.
@@ -42,12 +72,12 @@ class LLMIGLensAttribution(LLMGradientAttribution):
     Examples::
 
         >>> from captum.attr import TextTokenInput
-        >>> from captum_iglens import IGLens
-        >>> from captum_iglens.llm_attr import LLMIGLensAttribution
+        >>> from captum_iglens import IGLens, LLMIGLensAttribution
         >>> llm_attr = LLMIGLensAttribution(IGLens(model), tokenizer)
-        >>> inp = TextTokenInput("The capital of France is", tokenizer)
+        >>> inp = TextTokenInput("The capital of France is", tokenizer,
+        ...                      baselines=" ", skip_tokens=[tokenizer.bos_token_id])
         >>> res = llm_attr.attribute(inp, target=" Paris")
-        >>> res.input_tokens[:3], res.token_attr.shape     # ['L1', 'L2', 'L3'], [T, 30]
+        >>> res.token_attr.sum(-1) - res.delta_p          # ~0: res.convergence_delta
         >>> fig, ax = res.plot_token_attr()
     """
 
@@ -70,45 +100,61 @@ class LLMIGLensAttribution(LLMGradientAttribution):
         """Attribute every target token (IG-Lens: to layers; otherwise Captum's behaviour).
 
         Args:
-            inp (TextTokenInput): The prompt.
+            inp (TextTokenInput): The prompt; its ``baselines`` token and ``skip_tokens``
+                define the reference (see the class docstring).
             target (str or Tensor, optional): The target text (tokenised without special
                 tokens, mind the leading space) or ids ``[T]``. ``None``: greedy generation
                 with ``gen_args`` (Captum's defaults: 25 new tokens).
             gen_args (dict, optional): Generation arguments when ``target`` is None.
-            **kwargs: Passed to :meth:`IGLens.attribute_details` (``baselines``, ``method``,
-                ``n_steps``, ``internal_batch_size``), or to the Captum method.
+            **kwargs: For IG-Lens: ``baselines``, ``method``, ``n_steps``,
+                ``internal_batch_size`` (as in :meth:`IGLens.attribute`) and
+                ``return_convergence_delta`` (accepted; the result always carries
+                ``convergence_delta``). For a Captum method: passed to it.
 
         Returns:
-            LLMAttributionResult: for IG-Lens, ``input_tokens`` = layer names,
-            ``output_tokens`` = target tokens, ``token_attr`` ``[T, k]``, ``seq_attr`` ``[k]``.
+            LLMAttributionResult: for IG-Lens an
+            :class:`~captum_iglens.results.IGLensLLMAttributionResult`: ``input_tokens`` =
+            layer names, ``token_attr`` ``[T, k]``, ``seq_attr`` ``[k]``, ``output_probs``,
+            ``p_baseline``, ``delta_p`` and ``convergence_delta`` ``[T]``.
 
         Raises:
             ValueError: an empty target.
+            TypeError: not a ``TextTokenInput``, or a keyword with no meaning for IG-Lens
+                (the message says what to do instead).
         """
         if not isinstance(self.attr_method, IGLens):
             return super().attribute(inp, target=target, gen_args=gen_args, **kwargs)
         if not isinstance(inp, TextTokenInput):
             raise TypeError(f"LLMIGLensAttribution takes a TextTokenInput, got {type(inp)}")
+        passed = _check_kwargs(kwargs)
         target_tokens = self._get_target_tokens(inp, target, gen_args=gen_args)
         target_tokens = torch.as_tensor(target_tokens).reshape(-1).to(self.device)
         if target_tokens.numel() == 0:
             raise ValueError("The target has no tokens: nothing to attribute.")
-        prompt_ids = self._format_model_input(inp.to_model_input())["input_ids"]
-        prompt_ids = prompt_ids.to(self.device).reshape(1, -1)
-        n_prompt, n_out = prompt_ids.shape[1], target_tokens.numel()
-        ids = torch.cat([prompt_ids, target_tokens[None, :-1]], dim=1)
-        positions = list(range(n_prompt - 1, n_prompt - 1 + n_out))
+        return self._attribute_lens(inp, target_tokens, passed)
+
+    def _attribute_lens(
+        self, inp: TextTokenInput, target_tokens: Tensor, passed: dict[str, Any]
+    ) -> IGLensLLMAttributionResult:
+        prompt_ids = inp.to_model_input().to(self.device).reshape(1, -1)
+        reference = inp.to_model_input(torch.zeros_like(inp.to_tensor())).to(self.device)
+        answer = target_tokens[None, :-1]
+        ids = torch.cat([prompt_ids, answer], dim=1)
+        passed.setdefault("baselines", torch.cat([reference.reshape(1, -1), answer], dim=1))
+        n_prompt = prompt_ids.shape[1]
+        positions = list(range(n_prompt - 1, n_prompt - 1 + target_tokens.numel()))
         lens: IGLens = self.attr_method
-        out = lens.attribute_details(
-            ids, target=target_tokens[None, :], positions=positions, **kwargs
-        )
+        out = lens.attribute_details(ids, target=target_tokens[None, :], positions=positions,
+                                     **passed)
         token_attr = out.attributions[0].detach().float().cpu()
-        layer_names = ["emb" if i == 0 else f"L{i}" for i in lens.layer_indices]
-        return LLMAttributionResult(
-            input_tokens=layer_names,
-            output_tokens=_convert_ids_to_pretty_tokens(target_tokens.cpu(), self.tokenizer),
+        return IGLensLLMAttributionResult(
+            input_tokens=layer_names(lens.layer_indices),
+            output_tokens=convert_ids_to_pretty_tokens(target_tokens.cpu(), self.tokenizer),
             seq_attr=token_attr.sum(0),
             token_attr=token_attr,
             output_probs=out.p_final[0].detach().float().cpu(),
             inp=inp,
+            p_baseline=out.p_baseline[0].detach().float().cpu(),
+            convergence_delta=out.convergence_delta[0].detach().float().cpu(),
+            baseline=out.baseline,
         )

@@ -14,8 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from captum.attr import LLMAttributionResult
     from matplotlib.figure import Figure
 
-    from captum_iglens.compare import CompletenessReport
-    from captum_iglens.result import IGLensResult
+    from captum_iglens.results import CompletenessReport, IGLensResult
 
 __all__ = ["plot_result", "plot_completeness", "result_to_captum"]
 

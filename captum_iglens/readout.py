@@ -1,171 +1,49 @@
-"""The lens readout ``f_y(h) = softmax(unembed(final_norm(h)))[y]`` (DESIGN.md section 1).
+"""The lens readout ``f_y(h) = softmax(unembed(final_norm(h)))[y]`` (paper, section 3).
 
 The readout reproduces, from a *pre-final-norm* residual-stream vector, exactly what the
 model itself does after its last decoder block: the final norm, any projection before the
 unembedding (OPT's ``project_out``), the unembedding (``lm_head`` with its bias, if any) and
 any transformation of the logits (Gemma-2/3 soft-capping, Cohere's ``logit_scale``,
 Granite's ``logits_scaling``). Invariant R: ``f_y(h_n[pos])`` equals the model's own
-``softmax(logits[pos])[y]``; :class:`~captum_iglens.IGLens` checks it on every call.
+``softmax(logits[pos])[y]``; :func:`check_readout` verifies it on every IG-Lens call.
 
-Every architecture-specific fact lives in :data:`FAMILIES`, one row per family.
+Readout evaluations are chunked (``internal_batch_size`` rows at a time) and only the
+target column of the ``[rows, V]`` probabilities is kept, so memory never grows with
+tokens x layers x steps x vocabulary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.architectures import locate_parts
+
 __all__ = [
-    "FAMILIES",
-    "ArchitectureLayout",
     "LensReadout",
-    "UnknownArchitectureError",
-    "resolve_decoder_blocks",
-    "resolve_layout",
+    "ReadoutMismatchError",
+    "check_readout",
+    "chunk_rows",
+    "readout_probs",
     "resolve_readout",
+    "target_log_probs",
 ]
 
+Readout = Callable[[Tensor], Tensor]
 
-class UnknownArchitectureError(ValueError):
-    """Raised when the decoder blocks or the final norm of a model cannot be located."""
+#: Readout chunks are padded to at least this many rows: BLAS takes a different matrix kernel
+#: for 1-3 rows, whose rounding would make results depend on ``internal_batch_size``.
+_MIN_CHUNK_ROWS = 8
 
-
-def _softcap(cap: float) -> Callable[[Tensor], Tensor]:
-    return lambda logits: cap * torch.tanh(logits / cap)
-
-
-def _scale(factor: float) -> Callable[[Tensor], Tensor]:
-    return lambda logits: logits * factor
+#: Invariant R tolerance on probabilities, per model dtype (other dtypes: half precision).
+_READOUT_TOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+_HALF_TOL = 2e-2
 
 
-@dataclass(frozen=True)
-class ArchitectureLayout:
-    """Where a family keeps its decoder blocks, final norm and pre-unembedding projection.
-
-    Paths are dotted attribute paths relative to the ``*ForCausalLM`` model. ``final_norm``
-    may name an attribute that is ``None`` on some configs (OPT-350m) only where
-    ``norm_optional`` is set: the readout then has no final norm, which is what the model does
-    too; for every other family a ``None`` norm is an error, never an identity fall-back.
-    ``logit_transform`` builds the map the model applies to its logits after the
-    unembedding, from the config (or returns ``None``).
-    """
-
-    blocks: str
-    final_norm: str
-    pre_unembed: tuple[str, ...] = ()
-    logit_transform: Optional[Callable[[object], Optional[Callable[[Tensor], Tensor]]]] = (
-        field(default=None, compare=False)
-    )
-    norm_optional: bool = False
-
-
-def _gemma2_softcap(config: object) -> Optional[Callable[[Tensor], Tensor]]:
-    cap = getattr(config, "final_logit_softcapping", None)
-    return _softcap(float(cap)) if cap else None
-
-
-def _cohere_scale(config: object) -> Optional[Callable[[Tensor], Tensor]]:
-    scale = getattr(config, "logit_scale", None)
-    return _scale(float(scale)) if scale is not None else None
-
-
-def _granite_scale(config: object) -> Optional[Callable[[Tensor], Tensor]]:
-    div = getattr(config, "logits_scaling", None)
-    return _scale(1.0 / float(div)) if div else None
-
-
-_LLAMA_LIKE = ArchitectureLayout(blocks="model.layers", final_norm="model.norm")
-
-#: One row per family: ``config.model_type`` -> layout. Families not listed here are
-#: located by :func:`resolve_layout` from the generic candidates below, and the run-time
-#: check of Invariant R catches any post-processing that a generic layout would miss.
-FAMILIES: dict[str, ArchitectureLayout] = {
-    "llama": _LLAMA_LIKE,
-    "mistral": _LLAMA_LIKE,
-    "mixtral": _LLAMA_LIKE,
-    "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "phi3": _LLAMA_LIKE,
-    "olmo": _LLAMA_LIKE,
-    "olmo2": _LLAMA_LIKE,
-    "stablelm": _LLAMA_LIKE,
-    "gemma": _LLAMA_LIKE,
-    "gemma2": ArchitectureLayout("model.layers", "model.norm", (), _gemma2_softcap),
-    "gemma3_text": ArchitectureLayout("model.layers", "model.norm", (), _gemma2_softcap),
-    "cohere": ArchitectureLayout("model.layers", "model.norm", (), _cohere_scale),
-    "granite": ArchitectureLayout("model.layers", "model.norm", (), _granite_scale),
-    "phi": ArchitectureLayout("model.layers", "model.final_layernorm"),
-    "gpt2": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "gptj": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "gpt_neo": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "falcon": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "bloom": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "mpt": ArchitectureLayout("transformer.blocks", "transformer.norm_f"),
-    "gpt_neox": ArchitectureLayout("gpt_neox.layers", "gpt_neox.final_layer_norm"),
-    # OPT-350m: do_layer_norm_before=False -> final_layer_norm is None; project_out maps
-    # hidden_size -> word_embed_proj_dim before the (tied) head.
-    "opt": ArchitectureLayout(
-        "model.decoder.layers", "model.decoder.final_layer_norm", ("model.decoder.project_out",),
-        norm_optional=True,
-    ),
-}
-
-_GENERIC_BLOCKS = ("model.layers", "transformer.h", "transformer.blocks", "gpt_neox.layers",
-                   "model.decoder.layers", "transformer.layers")
-_GENERIC_NORMS = ("model.norm", "transformer.ln_f", "transformer.norm_f",
-                  "gpt_neox.final_layer_norm", "model.final_layernorm",
-                  "model.decoder.final_layer_norm", "transformer.norm")
-
-_MISSING = object()
-
-
-def _get_path(root: nn.Module, path: str) -> object:
-    obj: object = root
-    for part in path.split("."):
-        obj = getattr(obj, part, _MISSING)
-        if obj is _MISSING:
-            return _MISSING
-    return obj
-
-
-def _model_type(model: nn.Module) -> str:
-    return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
-
-
-def resolve_layout(model: nn.Module) -> ArchitectureLayout:
-    """Return the :class:`ArchitectureLayout` of ``model``.
-
-    Known families (``config.model_type`` in :data:`FAMILIES`) use their row; other models
-    are matched against generic block / final-norm paths.
-
-    Raises:
-        UnknownArchitectureError: if no row fits, naming every path tried and how to pass
-            ``readout=`` and ``decoder_blocks=`` to :class:`~captum_iglens.IGLens` instead.
-    """
-    model_type = _model_type(model)
-    row = FAMILIES.get(model_type)
-    candidates = [row] if row is not None else [
-        ArchitectureLayout(b, n) for b in _GENERIC_BLOCKS for n in _GENERIC_NORMS
-    ]
-    for layout in candidates:
-        blocks = _get_path(model, layout.blocks)
-        norm = _get_path(model, layout.final_norm)
-        if isinstance(blocks, nn.ModuleList) and len(blocks) > 0 and (
-            isinstance(norm, nn.Module) or (norm is None and layout.norm_optional)
-        ):
-            return layout
-    tried_blocks = [row.blocks] if row is not None else list(_GENERIC_BLOCKS)
-    tried_norms = [row.final_norm] if row is not None else list(_GENERIC_NORMS)
-    raise UnknownArchitectureError(
-        f"Cannot locate the decoder blocks and final norm of a {type(model).__name__} "
-        f"(model_type={model_type!r}). Tried decoder-block paths {tried_blocks} and final-norm "
-        f"paths {tried_norms}. Pass IGLens(model, readout=..., decoder_blocks=...) with a "
-        "readout that maps a pre-final-norm residual [..., d] to the model's logits [..., V] "
-        "and the nn.ModuleList of decoder blocks."
-    )
+class ReadoutMismatchError(RuntimeError):
+    """Invariant R failed: the lens readout of ``h_n`` is not the model's own probability."""
 
 
 class LensReadout(nn.Module):
@@ -183,8 +61,7 @@ class LensReadout(nn.Module):
         name (str, optional): The architecture name, used in error messages.
 
     ``forward(h)`` maps ``h`` of shape ``[..., d]`` (any dtype the model runs in) to logits
-    ``[..., V]`` in the model's dtype; :meth:`target_probs` returns float32 (float64 for a
-    float64 model) probabilities.
+    ``[..., V]`` in the model's dtype.
     """
 
     def __init__(
@@ -203,6 +80,7 @@ class LensReadout(nn.Module):
         self.name = name
 
     def forward(self, hidden: Tensor) -> Tensor:
+        """Logits ``[..., V]`` (model dtype) of pre-final-norm residuals ``[..., d]``."""
         if self.final_norm is not None:
             hidden = self.final_norm(hidden)
         for module in self.pre_unembed:
@@ -216,35 +94,105 @@ class LensReadout(nn.Module):
 def resolve_readout(model: nn.Module) -> LensReadout:
     """Build the :class:`LensReadout` of a Hugging Face causal LM.
 
-    The unembedding comes from ``model.get_output_embeddings()``; the final norm, any
-    pre-unembedding projection and the logit transform from :func:`resolve_layout`.
-
     Raises:
         UnknownArchitectureError: if the final norm or the unembedding cannot be located.
     """
-    layout = resolve_layout(model)
-    get_out = getattr(model, "get_output_embeddings", None)
-    unembed = get_out() if callable(get_out) else None
-    if not isinstance(unembed, nn.Module):
-        raise UnknownArchitectureError(
-            f"{type(model).__name__}.get_output_embeddings() returned {unembed!r}, not an "
-            "unembedding module. Pass IGLens(model, readout=...) with your own readout."
-        )
-    norm = _get_path(model, layout.final_norm)
-    pre = [m for m in (_get_path(model, p) for p in layout.pre_unembed) if isinstance(m, nn.Module)]
-    config = getattr(model, "config", None)
-    transform = layout.logit_transform(config) if layout.logit_transform is not None else None
+    parts = locate_parts(model)
     return LensReadout(
-        norm if isinstance(norm, nn.Module) else None,
-        unembed,
-        pre,
-        transform,
-        name=_model_type(model),
+        parts.final_norm, parts.unembed, parts.pre_unembed, parts.logit_transform, parts.name
     )
 
 
-def resolve_decoder_blocks(model: nn.Module) -> nn.ModuleList:
-    """Return the ``nn.ModuleList`` of decoder blocks of ``model`` (see :func:`resolve_layout`)."""
-    blocks = _get_path(model, resolve_layout(model).blocks)
-    assert isinstance(blocks, nn.ModuleList)
-    return blocks
+def chunk_rows(internal_batch_size: Optional[int], vocab: int) -> int:
+    """Residual rows per readout chunk: ``internal_batch_size``, or ``2**24 // V`` rows.
+
+    Raises:
+        ValueError: if ``internal_batch_size`` is not an int >= 1.
+    """
+    if internal_batch_size is None:
+        return max(1, (1 << 24) // max(vocab, 1))
+    if isinstance(internal_batch_size, bool) or not isinstance(internal_batch_size, int) or (
+        internal_batch_size < 1
+    ):
+        raise ValueError(f"internal_batch_size must be an int >= 1, got {internal_batch_size!r}")
+    return int(internal_batch_size)
+
+
+def pad_rows(points: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Pad ``points [N, d]`` and ``targets [N]`` to at least 8 rows (last row repeated).
+
+    Returns new leaf tensors; the caller keeps the first ``N`` results (rows are
+    independent, so the padding changes nothing but the BLAS kernel choice).
+    """
+    short = _MIN_CHUNK_ROWS - points.shape[0]
+    if short <= 0:
+        return points.detach(), targets
+    return (torch.cat([points, points[-1:].expand(short, -1)]).detach(),
+            torch.cat([targets, targets[-1:].expand(short)]))
+
+
+def target_log_probs(readout: Readout, points: Tensor, targets: Tensor) -> Tensor:
+    """``log f_target(points)``: ``[N]`` log-probabilities (float32; float64 models: float64).
+
+    The readout runs in the model's dtype; the log-softmax in float32 or wider.
+    """
+    logits = readout(points)
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    log_probs = torch.log_softmax(logits.to(out_dtype), dim=-1)
+    return log_probs.gather(-1, targets[:, None].to(log_probs.device))[:, 0]
+
+
+def readout_probs(readout: Readout, points: Tensor, targets: Tensor, chunk: int) -> Tensor:
+    """``f_target(points)`` for ``points [N, d]`` in chunks of ``chunk`` rows: ``[N]``."""
+    out = []
+    with torch.no_grad():
+        for start in range(0, points.shape[0], chunk):
+            rows, tgt = pad_rows(points[start:start + chunk], targets[start:start + chunk])
+            n_real = min(chunk, points.shape[0] - start)
+            out.append(target_log_probs(readout, rows, tgt)[:n_real].exp())
+    return torch.cat(out)
+
+
+def check_readout(
+    readout: Readout,
+    node_probs: Tensor,
+    model_probs: Tensor,
+    model_dtype: torch.dtype,
+    fallback_name: str = "",
+    verify: bool = True,
+) -> None:
+    """Check that the readout is finite and reproduces the model's probability (Invariant R).
+
+    Args:
+        readout (callable): The readout, for its ``name`` in messages.
+        node_probs (Tensor): ``[B, P, k + 1]`` readout probabilities at the path nodes; the
+            last node is ``f(h_n)``.
+        model_probs (Tensor): ``[B, P]`` ``softmax(model logits)[target]``.
+        model_dtype (torch.dtype): The model's dtype (sets the tolerance: 1e-9 in float64,
+            1e-4 in float32, 2e-2 in half precision).
+        fallback_name (str): Name used when the readout has none.
+        verify (bool): Compare with the model (False: only the finite check).
+
+    Raises:
+        FloatingPointError: NaN or inf in the readout of finite residuals.
+        ReadoutMismatchError: ``|f(h_n) - p_model|`` above the tolerance.
+    """
+    name = getattr(readout, "name", "") or fallback_name
+    if not bool(torch.isfinite(node_probs).all()):
+        raise FloatingPointError(
+            f"The lens readout (final norm + unembedding of {name!r}) returned NaN or inf "
+            "for finite residuals; its weights are corrupt or it overflows in this dtype."
+        )
+    if not verify:
+        return
+    tol = _READOUT_TOL.get(model_dtype, _HALF_TOL)
+    diff = (node_probs[..., -1] - model_probs.to(node_probs.device)).abs()
+    err = float("inf") if not bool(torch.isfinite(diff).all()) else diff.max().item()
+    if err > tol:
+        raise ReadoutMismatchError(
+            f"Invariant R failed for architecture {name!r}: the lens readout of the last "
+            f"block's residual differs from the model's own probability by {err:.3g} "
+            f"(tolerance {tol:g}). The resolved final norm / unembedding do not reproduce "
+            "this model's logits; pass IGLens(model, readout=...) with a callable that maps "
+            "a pre-final-norm residual [..., d] to the model's logits [..., V]."
+        )

@@ -1,20 +1,31 @@
-"""Capture of the residual stream with forward hooks on the decoder blocks.
+"""The residual stream: capture ``h_0..h_n`` with hooks, tap one for Captum, model state.
 
 ``h_0`` is the input of the first decoder block (the embedding output after any
 model-specific scaling or position embedding), ``h_l`` the output of block ``l``;
 ``h_n`` is the residual *before* the final norm. ``outputs.hidden_states[-1]`` is not used:
-in transformers 5 it is already normalised for most families (DESIGN.md section 3, item 1).
+in transformers 5 it is already normalised for most families, and applying the final norm
+to it again normalises twice.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["capture_residual_stream", "execution_device", "model_state_preserved"]
+from captum_iglens.architectures import input_embeddings
+
+__all__ = [
+    "capture_residual_stream",
+    "execution_device",
+    "forward_with_capture",
+    "input_device",
+    "model_dtype",
+    "model_state_preserved",
+    "residual_tap",
+]
 
 
 def execution_device(module: nn.Module) -> Optional[torch.device]:
@@ -39,6 +50,23 @@ def execution_device(module: nn.Module) -> Optional[torch.device]:
     return None
 
 
+def input_device(model: nn.Module) -> torch.device:
+    """Where token ids go: the input embedding's execution device (CPU when unknown)."""
+    emb = input_embeddings(model)
+    dev = execution_device(emb) if emb is not None else None
+    if dev is None:
+        dev = execution_device(model)
+    return dev if dev is not None else torch.device("cpu")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 if none)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
 def _hidden_from_output(output: object) -> Tensor:
     if isinstance(output, Tensor):
         return output
@@ -48,6 +76,10 @@ def _hidden_from_output(output: object) -> Tensor:
     if isinstance(hidden, Tensor):
         return hidden
     raise TypeError(f"Cannot read the residual stream from a block output of type {type(output)}")
+
+
+def _block_input(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
 
 
 @contextmanager
@@ -100,7 +132,7 @@ def capture_residual_stream(
             if index == 0:
 
                 def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-                    keep(0, args[0] if args else kwargs["hidden_states"])
+                    keep(0, _block_input(args, kwargs))
 
                 handles.append(blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
             else:
@@ -115,12 +147,99 @@ def capture_residual_stream(
             handle.remove()
 
 
+def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
+    """``"decoder block l (path)"`` for hidden-state index ``l``, path inside the model."""
+    block = blocks[index - 1]
+    path = next((name for name, mod in model.named_modules() if mod is block), "")
+    return f"decoder block {index}" + (f" ({path})" if path else "")
+
+
+def _check_finite(model: nn.Module, blocks: nn.ModuleList, finite: dict[int, Tensor]) -> None:
+    """Raise naming the first hidden-state index whose residual holds NaN or inf."""
+    for index in sorted(finite):
+        if bool(finite[index]):
+            continue
+        if index == 0:
+            where = "the embedding output, the input of decoder block 1"
+        else:
+            where = f"the output of {_block_name(model, blocks, index)}"
+        raise FloatingPointError(
+            f"The residual stream at hidden-state index {index} ({where}) contains NaN "
+            "or inf (first such layer); the model overflows on this input (try float32 "
+            "or bfloat16 instead of float16) or that block's weights are corrupt."
+        )
+
+
+def forward_with_capture(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    input_ids: Tensor,
+    forward_kwargs: dict[str, Any],
+    layer_indices: Iterable[int],
+    device: Optional[torch.device],
+    mask: Optional[Tensor],
+) -> tuple[dict[int, Tensor], Tensor]:
+    """One no-grad, eval-mode forward that records ``h_l`` for ``layer_indices``.
+
+    Returns:
+        (states, logits): ``{l: [B, S, d]}`` on ``device`` and the model's logits (all
+        positions, or those ``forward_kwargs["logits_to_keep"]`` selects).
+
+    Raises:
+        FloatingPointError: NaN or inf in a residual (the first such index is named).
+    """
+    finite: dict[int, Tensor] = {}
+    with model_state_preserved(model), torch.no_grad():
+        with capture_residual_stream(blocks, layer_indices, device, finite=finite, mask=mask) as st:
+            output = model(input_ids, **forward_kwargs)
+    _check_finite(model, blocks, finite)
+    logits = output.logits if hasattr(output, "logits") else output[0]
+    return st, logits
+
+
+@contextmanager
+def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
+    """An ``nn.Identity`` through which the residual ``h_index`` flows, for Captum's layer hooks.
+
+    Captum's layer methods hook a module's input or output. Decoder blocks are awkward
+    targets: GPT-2 and Falcon blocks take extra positional arguments that are ``None``
+    (Captum refuses them as layer inputs), and Bloom, MPT and GPT-Neo blocks return tuples
+    whose other members are not in the graph (Captum's gradient fails on them). While the
+    context is open, the residual stream at hidden-state index ``index`` (0: the input of the
+    first block; ``l``: the output of block ``l``) is routed through the yielded identity
+    module, whose input and output are that one ``[B, S, d]`` tensor; hooks are removed on exit.
+    """
+    tap = nn.Identity()
+    if index == 0:
+
+        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if args:
+                return (tap(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": tap(kwargs["hidden_states"])}
+
+        handle = blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    else:
+
+        def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+            if isinstance(out, Tensor):
+                return tap(out)
+            if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                return (tap(out[0]), *out[1:])
+            raise TypeError(f"Cannot tap a decoder block output of type {type(out)}")
+
+        handle = blocks[index - 1].register_forward_hook(hook)
+    try:
+        yield tap
+    finally:
+        handle.remove()
+
+
 @contextmanager
 def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
     """Run ``model`` in eval mode and hand it back in the train/eval mode it had.
 
-    Dropout must never change an attribution (DESIGN.md section 3, item 4). The
-    ``training`` flag of every submodule is restored, so a user's mix of modes survives.
+    Dropout must never change an attribution. The ``training`` flag of every submodule is
+    restored, so a user's mix of modes survives.
     """
     modes = [(module, module.training) for module in model.modules()]
     model.eval()

@@ -8,9 +8,12 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from captum_iglens.ig_lens import BaselineSpec, IGLens, LayerSpec, _is_int
-from captum_iglens.residual import execution_device, model_state_preserved
-from captum_iglens.result import IGLensResult, _as_cpu
+from captum_iglens._inputs import LayerSpec, is_int
+from captum_iglens.architectures import display_name
+from captum_iglens.ig_lens import IGLens
+from captum_iglens.residual import input_device, model_state_preserved
+from captum_iglens.results import IGLensResult
+from captum_iglens.results._format import as_cpu
 
 __all__ = [
     "build_prompt_ids",
@@ -24,20 +27,11 @@ __all__ = [
 TargetText = Union[None, str, Sequence[int]]
 
 
-def _input_device(model: nn.Module) -> torch.device:
-    """Device for the token ids: the input embedding's (execution) device, which copes with
-    models dispatched by accelerate whose parameters sit on ``meta``."""
-    get_in = getattr(model, "get_input_embeddings", None)
-    emb = get_in() if callable(get_in) else None
-    dev = execution_device(emb) if isinstance(emb, nn.Module) else None
-    return dev if dev is not None else torch.device("cpu")
-
-
 def _target_ids(target: Any) -> list[int]:
     """Token ids given as an int, a sequence of ints or an integer tensor (never coerced)."""
     values = target.tolist() if isinstance(target, torch.Tensor) else target
-    values = [values] if _is_int(values) else list(values)
-    if not values or not all(_is_int(v) for v in values):
+    values = [values] if is_int(values) else list(values)
+    if not values or not all(is_int(v) for v in values):
         raise TypeError(f"target must be text or integer token ids, got {target!r}")
     return [int(v) for v in values]
 
@@ -50,7 +44,7 @@ def _describe_ids(tokenizer: Any, ids: Sequence[int]) -> str:
 def target_token_ids(tokenizer: Any, text: str) -> list[int]:
     """Token ids of a target string, without special tokens.
 
-    A leading space matters (DESIGN.md section 3, item 10): ``" Paris"`` and ``"Paris"`` are
+    A leading space matters: ``" Paris"`` and ``"Paris"`` are
     different tokens in byte-level BPE vocabularies, so the ids are what should be reported.
 
     Raises:
@@ -127,7 +121,7 @@ def generate_answer(
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    ids = torch.tensor([list(prompt_ids)], device=_input_device(model))
+    ids = torch.tensor([list(prompt_ids)], device=input_device(model))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with model_state_preserved(model), torch.no_grad():
         out = model.generate(
@@ -147,25 +141,40 @@ def explain_ids(
     answer_ids: Sequence[int],
     tokenizer: Any = None,
     layers: LayerSpec = None,
-    method: str = "prediction_aware",
-    n_steps: int = 50,
-    baselines: BaselineSpec = "mean",
     onset_frac: float = 0.5,
-    internal_batch_size: Optional[int] = None,
     prompt: str = "",
     lens: Optional[IGLens] = None,
+    **attribute_kwargs: Any,
 ) -> IGLensResult:
     """IG-Lens over every token of ``answer_ids`` with one teacher-forced forward.
 
     Answer token ``t`` is the target at position ``len(prompt_ids) - 1 + t`` of
-    ``prompt_ids + answer_ids``. Returns an :class:`~captum_iglens.IGLensResult`.
+    ``prompt_ids + answer_ids``.
+
+    Args:
+        model (nn.Module): A Hugging Face causal LM.
+        prompt_ids (sequence of int): The prompt's token ids (chat template included).
+        answer_ids (sequence of int): The answer's token ids, each explained in turn.
+        tokenizer (optional): To decode tokens for the result.
+        layers (optional): As for :class:`~captum_iglens.IGLens` (ignored with ``lens``).
+        onset_frac (float, optional): Fraction for the onset layer. Default: 0.5.
+        prompt (str, optional): The prompt text, recorded in the result.
+        lens (IGLens, optional): A lens to reuse.
+        **attribute_kwargs: Passed to :meth:`~captum_iglens.IGLens.attribute`:
+            ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
+
+    Returns:
+        IGLensResult: ``[T, k]`` credits and logit-lens levels, ``p_final``, onset layers.
+
+    Raises:
+        ValueError: empty prompt or answer; and as :meth:`~captum_iglens.IGLens.attribute`.
     """
     if not prompt_ids:
         raise ValueError("The prompt has no tokens: give some text to explain.")
     if not answer_ids:
         raise ValueError("The answer has no tokens: nothing to explain.")
     lens = lens if lens is not None else IGLens(model, layers=layers)
-    device = _input_device(model)
+    device = input_device(model)
     full = list(prompt_ids) + list(answer_ids)
     # The last answer token is never an input of an explained prediction: leave it out, so
     # that the "mean" baseline averages the same positions as an attribution of that prefix.
@@ -173,17 +182,8 @@ def explain_ids(
     n_prompt = len(prompt_ids)
     positions = list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids)))
     target = torch.tensor([list(answer_ids)], device=device)
-    out = lens.attribute_details(
-        ids,
-        target=target,
-        positions=positions,
-        baselines=baselines,
-        method=method,
-        n_steps=n_steps,
-        internal_batch_size=internal_batch_size,
-    )
-    attributions = _as_cpu(out.attributions[0])
-    onsets = lens.onset_layers(attributions, onset_frac).tolist()
+    out = lens.attribute_details(ids, target=target, positions=positions, **attribute_kwargs)
+    attributions = as_cpu(out.attributions[0])
     decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
     answer = tokenizer.decode(list(answer_ids), skip_special_tokens=True) if tokenizer else ""
     return IGLensResult(
@@ -196,16 +196,16 @@ def explain_ids(
         positions=positions,
         layer_indices=list(lens.layer_indices),
         attributions=attributions,
-        lens_probs=_as_cpu(out.lens_probs[0]),
-        p_final=_as_cpu(out.p_final[0]),
-        p_baseline=_as_cpu(out.p_baseline[0]),
-        convergence_delta=_as_cpu(out.convergence_delta[0]),
-        onset_layers=[int(o) for o in onsets],
-        method=method,
-        baseline=baselines if isinstance(baselines, str) else "tensor",
-        n_steps=n_steps,
+        lens_probs=as_cpu(out.lens_probs[0]),
+        p_final=as_cpu(out.p_final[0]),
+        p_baseline=as_cpu(out.p_baseline[0]),
+        convergence_delta=as_cpu(out.convergence_delta[0]),
+        onset_layers=[int(o) for o in lens.onset_layers(attributions, onset_frac).tolist()],
+        method=attribute_kwargs.get("method", "prediction_aware"),
+        baseline=out.baseline,
+        n_steps=attribute_kwargs.get("n_steps", 50),
         onset_frac=onset_frac,
-        model_name=str(getattr(getattr(model, "config", None), "_name_or_path", "")),
+        model_name=display_name(model),
     )
 
 
@@ -215,13 +215,10 @@ def explain(
     prompt: Union[str, Sequence[str]],
     max_new_tokens: int = 64,
     layers: LayerSpec = None,
-    method: str = "prediction_aware",
-    n_steps: int = 50,
-    baselines: BaselineSpec = "mean",
     onset_frac: float = 0.5,
-    internal_batch_size: Optional[int] = None,
     chat_template: bool = True,
     target: TargetText = None,
+    **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
 
@@ -234,16 +231,18 @@ def explain(
         tokenizer: Its tokenizer.
         prompt (str or sequence of str): One prompt, or several (a list of results back).
         max_new_tokens (int, optional): Longest answer. Default: 64.
-        layers, method, n_steps, baselines, internal_batch_size: see
-            :class:`~captum_iglens.IGLens` and :meth:`~captum_iglens.IGLens.attribute`.
-        onset_frac (float, optional): Mass fraction for the onset layer. Default: 0.5.
+        layers (optional): As for :class:`~captum_iglens.IGLens`. Default: all blocks.
+        onset_frac (float, optional): Fraction for the onset layer. Default: 0.5.
         chat_template (bool, optional): Use the chat template if there is one. Default: True.
         target (str or sequence of int, optional): Explain this answer instead of the
             generated one (no generation): a string is tokenised without special tokens
-            (a leading space matters, DESIGN.md section 3, item 10) and *each* of its tokens
-            is explained as a teacher-forced continuation; ``result.token_ids`` reports the
-            ids. For a single id use :func:`target_token_id` with
-            :meth:`~captum_iglens.IGLens.attribute`. Default: None (greedy answer).
+            (a leading space matters) and *each* of its tokens is explained as a
+            teacher-forced continuation; ``result.token_ids`` reports the ids. For a single
+            id use :func:`target_token_id` with :meth:`~captum_iglens.IGLens.attribute`.
+            Default: None (greedy answer).
+        **attribute_kwargs: Attribution settings, passed to
+            :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
+            ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
 
     Returns:
         IGLensResult (or a list of them, one per prompt, for several prompts).
@@ -255,21 +254,18 @@ def explain(
 
         >>> result = explain(model, tokenizer, "The capital of France is", target=" Paris")
         >>> result.token_ids, result.attributions.shape     # ids of " Paris", [T, k]
-        >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."])
+        >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."],
+        ...                   method="gausslegendre", n_steps=64)
     """
-    if not isinstance(prompt, str):
-        prompts = list(prompt)
-        if not prompts:
-            raise ValueError("No prompts given.")
-        lens = IGLens(model, layers=layers)
-        return [
-            _explain_one(model, tokenizer, p, max_new_tokens, lens, method, n_steps, baselines,
-                         onset_frac, internal_batch_size, chat_template, target)
-            for p in prompts
-        ]
     lens = IGLens(model, layers=layers)
-    return _explain_one(model, tokenizer, prompt, max_new_tokens, lens, method, n_steps,
-                        baselines, onset_frac, internal_batch_size, chat_template, target)
+    settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
+                    chat_template=chat_template, target=target, lens=lens, **attribute_kwargs)
+    if isinstance(prompt, str):
+        return _explain_one(model, tokenizer, prompt, **settings)
+    prompts = list(prompt)
+    if not prompts:
+        raise ValueError("No prompts given.")
+    return [_explain_one(model, tokenizer, p, **settings) for p in prompts]
 
 
 def _explain_one(
@@ -277,14 +273,11 @@ def _explain_one(
     tokenizer: Any,
     prompt: str,
     max_new_tokens: int,
-    lens: IGLens,
-    method: str,
-    n_steps: int,
-    baselines: BaselineSpec,
     onset_frac: float,
-    internal_batch_size: Optional[int],
     chat_template: bool,
-    target: TargetText = None,
+    target: TargetText,
+    lens: IGLens,
+    **attribute_kwargs: Any,
 ) -> IGLensResult:
     prompt_ids, used = build_prompt_ids(tokenizer, prompt, chat_template)
     if target is None:
@@ -293,10 +286,7 @@ def _explain_one(
         answer_ids = target_token_ids(tokenizer, target)
     else:
         answer_ids = _target_ids(target)
-    result = explain_ids(
-        model, prompt_ids, answer_ids, tokenizer=tokenizer, method=method, n_steps=n_steps,
-        baselines=baselines, onset_frac=onset_frac, internal_batch_size=internal_batch_size,
-        prompt=prompt, lens=lens,
-    )
+    result = explain_ids(model, prompt_ids, answer_ids, tokenizer=tokenizer,
+                         onset_frac=onset_frac, prompt=prompt, lens=lens, **attribute_kwargs)
     result.chat_template_used = used
     return result

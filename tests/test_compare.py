@@ -53,9 +53,15 @@ def test_ig_lens_is_complete_and_matches_iglens(report, tiny4) -> None:
     ig = report["ig_lens"]
     assert report.layer_indices == [1, 2, 3, 4]
     assert ig.completeness_gap <= 1e-6
-    out = IGLens(tiny4).attribute_details(_ids(), target=report.target_id, positions=[-1])
+    # By default IG-Lens starts at the shared reference x' (its last-block residual).
+    assert report.lens_baseline == "reference ids"
+    reference = torch.tensor([report.baseline_ids])
+    out = IGLens(tiny4).attribute_details(_ids(), reference, target=report.target_id,
+                                          positions=[-1])
     torch.testing.assert_close(ig.per_layer, out.attributions[0, 0].float(), atol=1e-7, rtol=0)
     assert ig.total == pytest.approx(float(out.delta_p[0, 0]), abs=1e-7)
+    # ... so its total is the one every Captum method decomposes: F(x) - F(x').
+    assert ig.total == pytest.approx(report.f_input - report.f_baseline, abs=1e-6)
     # a complete method with non-trivial credits: not all credit sits in one layer
     assert (ig.per_layer.abs() > 1e-3).sum() >= 2
 
@@ -176,7 +182,7 @@ def test_errors(tiny4) -> None:
         compare_completeness(tiny4, _ids(), methods=["saliency"])
     with pytest.raises(ValueError, match=r"\[1, S\]"):
         compare_completeness(tiny4, _ids().repeat(2, 1))
-    with pytest.raises(ValueError, match="position"):
+    with pytest.raises(ValueError, match="(?i)position"):
         compare_completeness(tiny4, _ids(), position=9)
     with pytest.raises(ValueError, match="n_steps"):
         compare_completeness(tiny4, _ids(), n_steps=1)
@@ -194,7 +200,10 @@ def test_dict_table_and_plot(report) -> None:
     for label in ("IG-Lens", "LayerIG", "LayerCond", "lens p", "|sum-total|", "δ LayerIG"):
         assert label in table
     rows = {line.split("|")[0].strip(): line for line in table.splitlines() if "|" in line}
-    assert set(["L1", "L2", "L3", "L4", "sum", "total"]) <= set(rows)
+    assert set(["L1", "L2", "L3", "L4", "sum", "time s"]) <= set(rows)
+    # one reference for every method: the total they all decompose is shown once
+    assert "total" not in rows
+    assert f"total F(x) - F(x') = {report.f_input - report.f_baseline:+.6f}" in table
     assert f"{report['ig_lens'].layer_sum:+.6f}" in rows["sum"]
     fig = report.plot()
     from matplotlib.figure import Figure

@@ -95,11 +95,11 @@ def test_convergence_delta_contract(tiny_llama, input_ids):
     for method in ("prediction_aware", "riemann_trapezoid"):
         attr, delta = lens.attribute(input_ids, positions=[1, -1], method=method, n_steps=8,
                                      return_convergence_delta=True)
-        again = lens.compute_convergence_delta(attr, input_ids, positions=[1, -1])
+        again = lens.compute_convergence_delta(attr, "mean", input_ids, positions=[1, -1])
         assert torch.equal(delta, again)
     attr1, delta1 = lens.attribute(input_ids, return_convergence_delta=True)
     assert attr1.shape == (2, 3) and delta1.shape == (2,)  # layers 1, 3 and the last block 4
-    assert torch.equal(delta1, lens.compute_convergence_delta(attr1, input_ids))
+    assert torch.equal(delta1, lens.compute_convergence_delta(attr1, "mean", input_ids))
 
 
 def test_internal_batch_size_does_not_change_results(tiny_model, input_ids):
@@ -195,7 +195,7 @@ def test_input_forms_and_refusals_that_would_otherwise_be_silent(tiny_llama, inp
         with pytest.raises(error, match=match):
             lens.attribute(input_ids, **kwargs)
     with pytest.raises(ValueError, match="one credit per chosen layer"):
-        lens.compute_convergence_delta(torch.zeros(2, 7), input_ids)
+        lens.compute_convergence_delta(torch.zeros(2, 7), "mean", input_ids)
     with pytest.raises(ValueError, match="layers is empty"):
         IGLens(tiny_llama, layers=[])
     with torch.inference_mode():

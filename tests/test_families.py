@@ -13,7 +13,7 @@ from tiny_families import FAMILY_NAMES, SPECS, make_family
 from torch import nn
 
 from captum_iglens import FAMILIES, IGLens, UnknownArchitectureError, resolve_readout
-from captum_iglens.readout import resolve_layout
+from captum_iglens.architectures import resolve_layout
 from captum_iglens.residual import capture_residual_stream
 
 POSITIONS = [0, 3, 5, -1]

@@ -95,9 +95,21 @@ def test_llm_gradient_attribution_path(smollm2) -> None:
     prompt = tokenizer("The capital of France is", return_tensors="pt").input_ids
     ids = torch.cat([prompt, torch.tensor([target[:-1]], dtype=torch.long)], dim=1)
     n = prompt.shape[1]
-    out = lens.attribute_details(ids, target=torch.tensor([target]),
-                                 positions=list(range(n - 1, n - 1 + len(target))))
+    # The reference is Captum's: every prompt token replaced by the TextTokenInput baseline
+    # (token id 0 by default), then the target tokens.
+    reference = torch.cat([torch.zeros_like(prompt), ids[:, n:]], dim=1)
+    positions = list(range(n - 1, n - 1 + len(target)))
+    out = lens.attribute_details(ids, reference, target=torch.tensor([target]),
+                                 positions=positions)
+    assert res.baseline == "reference ids"
     torch.testing.assert_close(res.token_attr, out.attributions[0].float(), atol=1e-7, rtol=0)
+    torch.testing.assert_close(res.p_baseline, out.p_baseline[0].float(), atol=1e-7, rtol=0)
+    torch.testing.assert_close(res.convergence_delta, out.convergence_delta[0].float(),
+                               atol=1e-7, rtol=0)
+    mean = llm_attr.attribute(inp, target=" Paris, France", baselines="mean")
+    out_mean = lens.attribute_details(ids, target=torch.tensor([target]), positions=positions)
+    torch.testing.assert_close(mean.token_attr, out_mean.attributions[0].float(), atol=1e-7,
+                               rtol=0)
     torch.testing.assert_close(res.output_probs, out.p_final[0].float(), atol=1e-7, rtol=0)
     torch.testing.assert_close(res.token_attr.sum(1), out.delta_p[0].float(), atol=1e-6, rtol=0)
     with torch.no_grad():

@@ -12,6 +12,8 @@ from tiny_families import make_family
 from torch import nn
 
 from captum_iglens import IGLens
+from captum_iglens.architectures import vocab_size
+from captum_iglens.residual import model_dtype
 from captum_iglens.cli import CliError, read_prompts
 from captum_iglens.text import build_prompt_ids, explain, target_token_id
 
@@ -122,7 +124,7 @@ def test_accelerate_cpu_offload_identical(family: str, ids: torch.Tensor) -> Non
     assert model.get_output_embeddings().weight.device.type == "meta"
     lens = IGLens(model)
     assert lens._readout_device() == torch.device("cpu")
-    assert lens._vocab_size() == 128 and lens._model_dtype() == torch.float32
+    assert vocab_size(model) == 128 and model_dtype(model) == torch.float32
     for method in ("prediction_aware", "riemann_trapezoid"):
         ref = ref_lens.attribute_details(ids, positions=POSITIONS, method=method, n_steps=4)
         out = lens.attribute_details(ids, positions=POSITIONS, method=method, n_steps=4)

@@ -6,8 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import torch
 from torch import Tensor
+
+from captum_iglens.results._format import layer_names, shorten
 
 __all__ = ["IGLensResult"]
 
@@ -75,7 +76,7 @@ class IGLensResult:
     @property
     def layer_names(self) -> list[str]:
         """``"emb"`` for index 0, ``"L<l>"`` for the output of block ``l``."""
-        return ["emb" if i == 0 else f"L{i}" for i in self.layer_indices]
+        return layer_names(self.layer_indices)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: settings, ``input_ids``, and one entry per answer token."""
@@ -129,7 +130,7 @@ class IGLensResult:
         for begin in range(0, len(self.tokens), tokens_per_block):
             cols = list(range(begin, min(begin + tokens_per_block, len(self.tokens))))
             head = f"{'layer':>6} |" + "".join(
-                f" {_shorten(repr(self.tokens[t]), 19):>19} |" for t in cols
+                f" {shorten(repr(self.tokens[t]), 19):>19} |" for t in cols
             )
             sub = f"{'':>6} |" + "".join(f" {'IG':>9} {'lens p':>9} |" for _ in cols)
             lines += [head, sub, "-" * len(head)]
@@ -181,11 +182,3 @@ class IGLensResult:
 
     def __str__(self) -> str:
         return f"answer: {self.answer!r}\n" + self.format_table()
-
-
-def _shorten(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _as_cpu(x: Tensor) -> Tensor:
-    return x.detach().to("cpu", torch.float32 if x.dtype != torch.float64 else torch.float64)

@@ -1,0 +1,304 @@
+"""Normalising what users pass: token ids, layers, positions, targets, forward arguments.
+
+Pure functions shared by :class:`~captum_iglens.IGLens`, the Captum comparison and the text
+level, so that every entry point accepts and refuses the same things with the same message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "LayerSpec",
+    "PositionSpec",
+    "TargetSpec",
+    "check_not_padding",
+    "check_token_ids",
+    "forward_kwargs",
+    "forward_parameters",
+    "is_int",
+    "normalise_positions",
+    "normalise_target",
+    "position_ids_from_mask",
+    "resolve_layer_indices",
+]
+
+LayerSpec = Union[None, str, int, nn.Module, Sequence[Union[int, nn.Module]]]
+TargetSpec = Union[None, int, Sequence[int], Tensor]
+PositionSpec = Union[int, Sequence[int], Tensor]
+
+
+def is_int(value: object) -> bool:
+    """An int (numpy ints included), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
+    """Check token ids ``[B, S]``: an integer tensor, non-empty, inside the vocabulary.
+
+    Raises:
+        TypeError: not a tensor, or not integer ids.
+        ValueError: not 2-D, empty, or ids outside ``0..vocab - 1``.
+    """
+    if not isinstance(inputs, Tensor):
+        raise TypeError(f"inputs must be a tensor of token ids [B, S], got {type(inputs)}")
+    if inputs.dim() != 2:
+        raise ValueError(
+            f"inputs must be token ids of shape [B, S], got shape {tuple(inputs.shape)}; "
+            "use inputs.unsqueeze(0) for a single sequence."
+        )
+    if inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
+        raise TypeError(f"inputs must be integer token ids, got dtype {inputs.dtype}")
+    if inputs.shape[1] == 0 or inputs.shape[0] == 0:
+        raise ValueError(f"inputs is empty (shape {tuple(inputs.shape)}): give at least one token.")
+    if vocab is not None and (inputs.min() < 0 or inputs.max() >= vocab):
+        bad = inputs[(inputs < 0) | (inputs >= vocab)].unique().tolist()
+        raise ValueError(
+            f"Token ids {bad[:5]} are outside the vocabulary (ids 0..{vocab - 1}); was "
+            "the input tokenised with this model's tokenizer?"
+        )
+    return inputs
+
+
+def _layer_index(layer: object, blocks: nn.ModuleList, embedding: Optional[nn.Module]) -> int:
+    n = len(blocks)
+    if isinstance(layer, nn.Module):
+        matches = [i for i, block in enumerate(blocks) if block is layer]
+        if matches:
+            return matches[0] + 1
+        if embedding is not None and layer is embedding:
+            return 0
+        raise ValueError(
+            f"Layer {type(layer).__name__} is not one of the model's {n} decoder blocks nor "
+            "its input embedding; pass decoder blocks (e.g. model.model.layers[i]) or "
+            f"hidden-state indices 0..{n}."
+        )
+    if not is_int(layer):
+        raise TypeError(
+            f"A layer must be an int hidden-state index or an nn.Module, got {layer!r}; "
+            "use layers=None (or 'all') for every decoder block."
+        )
+    index = int(layer) + n + 1 if int(layer) < 0 else int(layer)
+    if not 0 <= index <= n:
+        raise ValueError(
+            f"Layer index {layer} is out of range: this model has {n} decoder blocks, so "
+            f"hidden-state indices run from 0 (embedding output) to {n} (last block), or "
+            f"-{n + 1}..-1 from the end."
+        )
+    return index
+
+
+def resolve_layer_indices(
+    layers: LayerSpec, blocks: nn.ModuleList, embedding: Optional[nn.Module]
+) -> tuple[int, ...]:
+    """Sorted hidden-state indices ``L_1 < ... < L_k = n`` of a layer specification.
+
+    Args:
+        layers: ``None`` or ``"all"`` (every block), a decoder block or the input embedding
+            (Captum style), a hidden-state index (negative counts from ``n + 1``), or a
+            sequence of them. The last block ``n`` is always added.
+        blocks (nn.ModuleList): The ``n`` decoder blocks.
+        embedding (nn.Module, optional): The input embedding (index 0).
+
+    Warns:
+        UserWarning: when the input embedding module is the only layer given (the layer
+            Captum's LLM tutorial hands to LayerIntegratedGradients): the split is then
+            ``emb`` + last block.
+
+    Raises:
+        ValueError: empty, out of range, given twice, or a module that is not a block.
+        TypeError: anything else.
+    """
+    n = len(blocks)
+    if layers is None or (isinstance(layers, str) and layers == "all"):
+        return tuple(range(1, n + 1))
+    if isinstance(layers, str):
+        raise TypeError(f"layers={layers!r}: use 'all' (or None) for every decoder block, or "
+                        "hidden-state indices such as [0, 10, 20].")
+    single = isinstance(layers, nn.Module) or is_int(layers)
+    items = [layers] if single else list(layers)  # type: ignore[arg-type]
+    if not items:
+        raise ValueError("layers is empty: give decoder blocks or hidden-state indices, "
+                         "or None for all blocks.")
+    indices: list[int] = []
+    for layer in items:
+        index = _layer_index(layer, blocks, embedding)
+        if index in indices:
+            raise ValueError(f"Layer {index} is given twice; each layer may appear once.")
+        indices.append(index)
+    if indices == [0] and n > 1 and embedding is not None and items[0] is embedding:
+        warnings.warn(
+            "Only the input embedding was given as layer: IG-Lens adds the last block and "
+            "splits the probability into two columns ('emb', last block). Pass layers=None "
+            "for every decoder block, or a list of blocks / hidden-state indices.",
+            stacklevel=3,
+        )
+    if n not in indices:
+        indices.append(n)
+    return tuple(sorted(indices))
+
+
+def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
+    """Non-negative explained positions, and whether a single int was given.
+
+    Raises:
+        TypeError: positions that are not integers (bools and floats included).
+        ValueError: empty, or outside the sequence.
+    """
+    if isinstance(positions, Tensor):
+        if positions.is_floating_point() or positions.dtype == torch.bool:
+            raise TypeError(f"positions must be integers, got a {positions.dtype} tensor.")
+        positions = positions.item() if positions.dim() == 0 else positions.tolist()
+    if isinstance(positions, np.ndarray):
+        positions = positions.tolist()
+    single = is_int(positions)
+    if not single and not isinstance(positions, (list, tuple, range)):
+        raise TypeError(f"positions must be an int or a sequence of ints, got {positions!r}.")
+    raw = [positions] if single else list(positions)  # type: ignore[arg-type]
+    if not raw:
+        raise ValueError("positions is empty: give at least one position.")
+    out = []
+    for pos in raw:
+        if not is_int(pos):
+            raise TypeError(f"Positions must be integers, got {pos!r}.")
+        index = int(pos) + seq_len if int(pos) < 0 else int(pos)
+        if not 0 <= index < seq_len:
+            raise ValueError(
+                f"Position {pos} is outside the sequence of length {seq_len} "
+                f"(valid: {-seq_len}..{seq_len - 1})."
+            )
+        out.append(index)
+    return out, single
+
+
+def _target_tensor(target: object, device: torch.device) -> Tensor:
+    if isinstance(target, str):
+        raise TypeError(
+            f"target={target!r} is text: IG-Lens takes token ids. Use "
+            "captum_iglens.text.target_token_id(tokenizer, text) for one token, or "
+            "explain(model, tokenizer, prompt, target=text) for each token of a text."
+        )
+    if isinstance(target, (bool, np.bool_, float)):
+        raise TypeError(f"target must be integer token ids, got {target!r}.")
+    tgt = torch.as_tensor(target, device=device)
+    if tgt.is_floating_point() or tgt.is_complex() or tgt.dtype == torch.bool:
+        raise TypeError(
+            f"target must be integer token ids, got {tgt.dtype}; for text use "
+            "captum_iglens.text.target_token_id(tokenizer, text)."
+        )
+    return tgt.long()
+
+
+def normalise_target(
+    target: TargetSpec, batch: int, n_pos: int, default: Tensor, vocab: int
+) -> Tensor:
+    """Target ids ``[B, P]`` (int64): ``default`` (the argmax) for ``None``.
+
+    Accepts an int, ``[B]`` (one id per row) or ``[B, P]``.
+
+    Raises:
+        TypeError: text, floats or bools.
+        ValueError: a wrong shape, or ids outside ``0..vocab - 1``.
+    """
+    if target is None:
+        return default
+    tgt = _target_tensor(target, default.device)
+    if tgt.dim() == 0:
+        tgt = tgt.expand(batch, n_pos)
+    elif tgt.dim() == 1:
+        if tgt.shape[0] != batch:
+            raise ValueError(
+                f"target has {tgt.shape[0]} entries but there are {batch} inputs; give "
+                "target of shape [B] or [B, P]."
+            )
+        tgt = tgt[:, None].expand(batch, n_pos)
+    elif tuple(tgt.shape) != (batch, n_pos):
+        raise ValueError(
+            f"target has shape {tuple(tgt.shape)}, expected [B]={batch} or "
+            f"[B, P]=[{batch}, {n_pos}]."
+        )
+    if tgt.min() < 0 or tgt.max() >= vocab:
+        bad = tgt[(tgt < 0) | (tgt >= vocab)].unique().tolist()
+        raise ValueError(
+            f"Target token ids {bad[:5]} are outside the vocabulary (ids 0..{vocab - 1})."
+        )
+    return tgt.contiguous()
+
+
+def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The parameters of ``model.forward``."""
+    return inspect.signature(model.forward).parameters
+
+
+def position_ids_from_mask(mask: Tensor) -> Tensor:
+    """``position_ids`` ``[B, S]`` for a (left-)padded batch: 0 at each row's first token."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _kwargs_from_args(additional_forward_args: Any, params: Sequence[str]) -> dict[str, Any]:
+    if additional_forward_args is None:
+        return {}
+    if isinstance(additional_forward_args, Tensor):
+        return {"attention_mask": additional_forward_args}
+    if isinstance(additional_forward_args, dict):
+        return dict(additional_forward_args)
+    if isinstance(additional_forward_args, (tuple, list)):
+        names = [p for p in params if p not in ("input_ids", "self")]
+        return {n: v for n, v in zip(names, additional_forward_args, strict=False) if v is not None}
+    raise TypeError(
+        "additional_forward_args must be an attention mask tensor, a tuple of positional "
+        f"arguments or a dict of keyword arguments, got {type(additional_forward_args)}"
+    )
+
+
+def forward_kwargs(
+    params: Mapping[str, inspect.Parameter], input_ids: Tensor, additional_forward_args: Any
+) -> tuple[dict[str, Any], Optional[Tensor]]:
+    """Keyword arguments for ``model(input_ids, **kwargs)`` and the attention mask.
+
+    ``additional_forward_args`` is an attention mask ``[B, S]``, a tuple of the forward's
+    positional arguments after ``input_ids``, or a dict of keyword arguments. With a mask,
+    ``position_ids`` are derived from it for models whose forward takes them (left padding);
+    ``use_cache=False`` is set where the forward takes it.
+
+    Raises:
+        TypeError: an unsupported type.
+        ValueError: a mask whose shape differs from ``input_ids``.
+    """
+    kwargs = _kwargs_from_args(additional_forward_args, list(params))
+    mask = kwargs.get("attention_mask")
+    if mask is not None:
+        if mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(mask.shape)}, expected "
+                f"{tuple(input_ids.shape)} (the shape of inputs)."
+            )
+        if "position_ids" in params and "position_ids" not in kwargs:
+            kwargs["position_ids"] = position_ids_from_mask(mask)
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    return kwargs, mask
+
+
+def check_not_padding(mask: Optional[Tensor], positions: list[int]) -> None:
+    """Refuse explained positions where the attention mask is 0.
+
+    Raises:
+        ValueError: naming the first padded (row, position).
+    """
+    if mask is None:
+        return
+    padded = (mask[:, positions] == 0).nonzero()
+    if padded.numel():
+        row, col = padded[0].tolist()
+        raise ValueError(
+            f"Position {positions[col]} of row {row} is padding (attention_mask is 0 there): "
+            "explain positions of real tokens; with left padding, negative positions such as "
+            "-1 address the last tokens of every row."
+        )

@@ -1,0 +1,34 @@
+"""Small formatting helpers shared by the result objects."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+
+def layer_names(layer_indices: Sequence[int]) -> list[str]:
+    """``"emb"`` for hidden-state index 0, ``"L<l>"`` for the output of block ``l``."""
+    return ["emb" if i == 0 else f"L{i}" for i in layer_indices]
+
+
+def as_cpu(x: Tensor) -> Tensor:
+    """Detached CPU copy in float32 (float64 stays float64)."""
+    return x.detach().to("cpu", torch.float32 if x.dtype != torch.float64 else torch.float64)
+
+
+def num(x: float) -> Optional[float]:
+    """``x`` as a float, ``None`` for NaN (JSON has no NaN)."""
+    return None if isinstance(x, float) and math.isnan(x) else float(x)
+
+
+def fmt(x: Optional[float], spec: str) -> str:
+    """``format(x, spec)``, ``"-"`` for ``None`` or NaN."""
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis."""
+    return text if len(text) <= width else text[: width - 1] + "…"

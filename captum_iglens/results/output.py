@@ -1,0 +1,64 @@
+"""IGLensOutput: everything one IG-Lens pass computes, before any text-level packaging."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+__all__ = ["IGLensOutput"]
+
+
+@dataclass
+class IGLensOutput:
+    """Everything one IG-Lens pass computes, for ``B`` inputs, ``P`` positions, ``k`` layers.
+
+    All probabilities are in probability units (not logits), float32 (float64 for a float64
+    model), on the readout's device.
+
+    Attributes:
+        attributions (Tensor): ``[B, P, k]`` IG-Lens credit per chosen layer.
+        convergence_delta (Tensor): ``[B, P]`` ``attributions.sum(-1) - delta_p``.
+        lens_probs (Tensor): ``[B, P, k]`` logit-lens probability ``f(h_L)`` per chosen layer.
+        p_final (Tensor): ``[B, P]`` ``f(h_n)``, the model's own probability (Invariant R).
+        p_baseline (Tensor): ``[B, P]`` ``f(b)``.
+        target (Tensor): ``[B, P]`` int64 target token ids.
+        positions (list[int]): the ``P`` explained positions (non-negative).
+        layer_indices (tuple[int, ...]): the ``k`` hidden-state indices ``L_1..L_k``.
+        baseline (str): What the path started from (``"mean"``, ``"zero"``, ``"embedding"``,
+            ``"tensor"`` or ``"reference ids"``).
+
+    Raises:
+        ValueError: on construction, if the shapes do not agree.
+    """
+
+    attributions: Tensor
+    convergence_delta: Tensor
+    lens_probs: Tensor
+    p_final: Tensor
+    p_baseline: Tensor
+    target: Tensor
+    positions: list[int]
+    layer_indices: tuple[int, ...]
+    baseline: str = "mean"
+
+    def __post_init__(self) -> None:
+        batch, n_pos = self.p_final.shape
+        expected = {
+            "attributions": (batch, n_pos, len(self.layer_indices)),
+            "lens_probs": (batch, n_pos, len(self.layer_indices)),
+            "convergence_delta": (batch, n_pos),
+            "p_baseline": (batch, n_pos),
+            "target": (batch, n_pos),
+        }
+        for name, shape in expected.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"IGLensOutput.{name} has shape {got}, expected {shape}.")
+        if len(self.positions) != n_pos:
+            raise ValueError(f"{len(self.positions)} positions for {n_pos} explained columns.")
+
+    @property
+    def delta_p(self) -> Tensor:
+        """``[B, P]`` ``p_final - p_baseline``, the total change the credits add up to."""
+        return self.p_final - self.p_baseline
