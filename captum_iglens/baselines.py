@@ -1,7 +1,7 @@
 """Baselines: where an IG-Lens path starts, and the Captum methods' reference token ids.
 
 IG-Lens starts its path ``b -> h_{L_1} -> ... -> h_n`` at a point ``b`` of residual space
-(paper, section 3). :func:`residual_baseline` builds ``b`` from a name (``"mean"``,
+(arXiv:2606.29693). :func:`residual_baseline` builds ``b`` from a name (``"mean"``,
 ``"zero"``, ``"embedding"``) or a tensor. Reference token ids ``x'`` (what Captum users pass
 to the layer methods) are also accepted: the path then starts at the reference's last-block
 residual ``h_n(x')`` at the explained position, so the credits add up to the model's own

@@ -2,7 +2,7 @@
 
 The path runs through the nodes ``b = h_{L_0}, h_{L_1}, ..., h_{L_k}``; segment ``j`` is the
 straight line ``h_{L_{j-1}} -> h_{L_j}`` and its credit approximates the integral of
-``grad f`` along it (paper, section 3). Every estimator takes the same
+``grad f`` along it (arXiv:2606.29693). Every estimator takes the same
 :class:`PathNodes` and returns credits ``[B, P, k]``:
 
 - ``prediction_aware`` (default; IDGI-style): each grid step is credited its observed change

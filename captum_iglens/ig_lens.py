@@ -6,7 +6,6 @@ via Telescoping Integrated Gradients", arXiv:2606.29693 (2026).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Union, overload
 
 import torch
@@ -14,28 +13,17 @@ from captum.attr import GradientAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
+from captum_iglens._capture import PathCapture, capture_path
 from captum_iglens._inputs import (
     LayerSpec,
     PositionSpec,
     TargetSpec,
-    check_not_padding,
-    check_token_ids,
-    forward_kwargs,
-    forward_parameters,
     is_int,
-    normalise_positions,
-    normalise_target,
     resolve_layer_indices,
 )
 from captum_iglens.architectures import input_embeddings, resolve_decoder_blocks, vocab_size
-from captum_iglens.baselines import (
-    BASELINES,
-    BaselineSpec,
-    check_reference_ids,
-    is_reference_ids,
-    residual_baseline,
-)
-from captum_iglens.estimators import ESTIMATORS, METHODS, PathNodes, grid_probs, node_probs
+from captum_iglens.baselines import BASELINES, BaselineSpec
+from captum_iglens.estimators import ESTIMATORS, METHODS, grid_probs, node_probs
 from captum_iglens.onset import onset_layer_indices
 from captum_iglens.readout import (
     ReadoutMismatchError,
@@ -43,19 +31,10 @@ from captum_iglens.readout import (
     chunk_rows,
     resolve_readout,
 )
-from captum_iglens.residual import execution_device, forward_with_capture, model_dtype
+from captum_iglens.residual import model_dtype
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
-
-
-@dataclass
-class _Capture:
-    path: PathNodes  # nodes [B, P, k + 1, d] (baseline first), targets [B, P]
-    model_probs: Tensor  # [B, P] float32, softmax(model logits)[target]
-    positions: list[int]
-    single: bool
-    baseline: str
 
 
 class IGLens(GradientAttribution):
@@ -404,58 +383,12 @@ class IGLens(GradientAttribution):
     def _chunk(self, internal_batch_size: Optional[int]) -> int:
         return chunk_rows(internal_batch_size, vocab_size(self.model) or 1)
 
-    def _readout_device(self) -> Optional[torch.device]:
-        readout = self.readout
-        return execution_device(readout) if isinstance(readout, nn.Module) else None
-
-    def _forward(
-        self, ids: Tensor, kwargs: dict[str, Any], needed: set[int], mask: Optional[Tensor]
-    ) -> tuple[dict[int, Tensor], Tensor]:
-        return forward_with_capture(self.model, self.decoder_blocks, ids, kwargs, needed,
-                                    self._readout_device(), mask)
-
     def _capture(
         self, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
         baselines: BaselineSpec, additional_forward_args: Any,
-    ) -> _Capture:
-        """One forward: residuals and the baseline at the positions, targets, model probs."""
-        vocab = vocab_size(self.model)
-        inputs = check_token_ids(inputs, vocab)
-        reference = check_reference_ids(baselines, inputs, vocab) if is_reference_ids(
-            baselines) else None
-        pos_list, single = normalise_positions(positions, inputs.shape[1])
-        params = forward_parameters(self.model)
-        kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
-        check_not_padding(mask, pos_list)
-        needed = set(self.layer_indices)
-        if isinstance(baselines, str) and baselines == "embedding":
-            needed.add(0)
-        # Only the explained positions need the model's own logits: skip the unembedding
-        # elsewhere where the model supports it.
-        if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
-            kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
-        states, logits = self._forward(inputs, kwargs, needed, mask)
-        if logits.shape[1] == inputs.shape[1]:
-            logits = logits[:, pos_list]
-        device = self._readout_device()
-        logits = logits.to(device) if device is not None else logits
-        log_probs = torch.log_softmax(
-            logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
-        tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
-                               log_probs.shape[-1])
-        hidden = torch.stack([states[i][:, pos_list] for i in self.layer_indices], dim=2)
-        if reference is not None:
-            ref_states, _ = self._forward(reference, kwargs, {self.num_layers}, mask)
-            base, name = ref_states[self.num_layers][:, pos_list], "reference ids"
-        else:
-            base = residual_baseline(baselines, states, self.layer_indices[0], pos_list, mask,
-                                     hidden)
-            name = baselines if isinstance(baselines, str) else "tensor"
-        return _Capture(
-            path=PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt),
-            model_probs=log_probs.gather(-1, tgt[..., None])[..., 0].exp(),
-            positions=pos_list, single=single, baseline=name,
-        )
+    ) -> PathCapture:
+        return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
+                            inputs, target, positions, baselines, additional_forward_args)
 
 
 def _delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:

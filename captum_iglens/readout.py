@@ -1,4 +1,4 @@
-"""The lens readout ``f_y(h) = softmax(unembed(final_norm(h)))[y]`` (paper, section 3).
+"""The lens readout ``f_y(h) = softmax(unembed(final_norm(h)))[y]`` (arXiv:2606.29693).
 
 The readout reproduces, from a *pre-final-norm* residual-stream vector, exactly what the
 model itself does after its last decoder block: the final norm, any projection before the

@@ -13,7 +13,7 @@ from torch import nn
 
 from captum_iglens import IGLens
 from captum_iglens.architectures import vocab_size
-from captum_iglens.residual import model_dtype
+from captum_iglens.residual import execution_device, model_dtype
 from captum_iglens.cli import CliError, read_prompts
 from captum_iglens.text import build_prompt_ids, explain, target_token_id
 
@@ -123,7 +123,7 @@ def test_accelerate_cpu_offload_identical(family: str, ids: torch.Tensor) -> Non
     cpu_offload(model, execution_device=torch.device("cpu"))
     assert model.get_output_embeddings().weight.device.type == "meta"
     lens = IGLens(model)
-    assert lens._readout_device() == torch.device("cpu")
+    assert execution_device(lens.readout) == torch.device("cpu")
     assert vocab_size(model) == 128 and model_dtype(model) == torch.float32
     for method in ("prediction_aware", "riemann_trapezoid"):
         ref = ref_lens.attribute_details(ids, positions=POSITIONS, method=method, n_steps=4)

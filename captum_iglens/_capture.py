@@ -1,0 +1,125 @@
+"""One forward pass turned into IG-Lens paths: residuals, baseline, targets, model probs.
+
+For every explained position the path nodes are the baseline ``b`` and the residuals
+``h_{L_1}, ..., h_{L_k}`` (pre-final-norm); the model's own probability of each target is
+kept for the readout check (Invariant R).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from captum_iglens._inputs import (
+    PositionSpec,
+    TargetSpec,
+    check_not_padding,
+    check_token_ids,
+    forward_kwargs,
+    forward_parameters,
+    normalise_positions,
+    normalise_target,
+)
+from captum_iglens.architectures import vocab_size
+from captum_iglens.baselines import (
+    BaselineSpec,
+    check_reference_ids,
+    is_reference_ids,
+    residual_baseline,
+)
+from captum_iglens.estimators import PathNodes
+from captum_iglens.residual import execution_device, forward_with_capture
+
+__all__ = ["PathCapture", "capture_path"]
+
+
+@dataclass
+class PathCapture:
+    """The IG-Lens paths of one forward pass.
+
+    Attributes:
+        path (PathNodes): nodes ``[B, P, k + 1, d]`` (baseline first) and targets ``[B, P]``.
+        model_probs (Tensor): ``[B, P]`` float32 ``softmax(model logits)[target]``.
+        positions (list[int]): The ``P`` explained positions (non-negative).
+        single (bool): Whether one int position was asked for.
+        baseline (str): What the paths start from.
+    """
+
+    path: PathNodes
+    model_probs: Tensor
+    positions: list[int]
+    single: bool
+    baseline: str
+
+
+def _readout_device(readout: Callable[[Tensor], Tensor]) -> Optional[torch.device]:
+    return execution_device(readout) if isinstance(readout, nn.Module) else None
+
+
+def _model_log_probs(logits: Tensor, positions: list[int], seq_len: int,
+                     device: Optional[torch.device]) -> Tensor:
+    if logits.shape[1] == seq_len:
+        logits = logits[:, positions]
+    logits = logits.to(device) if device is not None else logits
+    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return torch.log_softmax(logits.to(wide), dim=-1)
+
+
+def capture_path(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    readout: Callable[[Tensor], Tensor],
+    layer_indices: tuple[int, ...],
+    inputs: Tensor,
+    target: TargetSpec,
+    positions: PositionSpec,
+    baselines: BaselineSpec,
+    additional_forward_args: Any,
+) -> PathCapture:
+    """Run the model once (twice with reference ids) and build the paths.
+
+    Arguments are those of :meth:`~captum_iglens.IGLens.attribute`, plus the model's decoder
+    blocks, its readout and the chosen hidden-state indices.
+
+    Raises:
+        ValueError, TypeError: bad inputs, positions, targets or baselines (see
+            :mod:`captum_iglens._inputs` and :mod:`captum_iglens.baselines`).
+        FloatingPointError: NaN or inf in a residual.
+    """
+    vocab = vocab_size(model)
+    inputs = check_token_ids(inputs, vocab)
+    reference = (check_reference_ids(baselines, inputs, vocab)
+                 if is_reference_ids(baselines) else None)
+    pos_list, single = normalise_positions(positions, inputs.shape[1])
+    params = forward_parameters(model)
+    kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
+    check_not_padding(mask, pos_list)
+    needed = set(layer_indices)
+    if isinstance(baselines, str) and baselines == "embedding":
+        needed.add(0)
+    # Only the explained positions need the model's own logits: skip the unembedding
+    # elsewhere where the model supports it.
+    if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
+        kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
+    device = _readout_device(readout)
+    states, logits = forward_with_capture(model, blocks, inputs, kwargs, needed, device, mask)
+    log_probs = _model_log_probs(logits, pos_list, inputs.shape[1], device)
+    tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
+                           log_probs.shape[-1])
+    hidden = torch.stack([states[i][:, pos_list] for i in layer_indices], dim=2)
+    if reference is not None:
+        last = len(blocks)
+        ref_states, _ = forward_with_capture(model, blocks, reference, kwargs, {last}, device,
+                                             mask)
+        base, name = ref_states[last][:, pos_list], "reference ids"
+    else:
+        base = residual_baseline(baselines, states, layer_indices[0], pos_list, mask, hidden)
+        name = baselines if isinstance(baselines, str) else "tensor"
+    return PathCapture(
+        path=PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt),
+        model_probs=log_probs.gather(-1, tgt[..., None])[..., 0].exp(),
+        positions=pos_list, single=single, baseline=name,
+    )

@@ -1,0 +1,92 @@
+"""The package's modules never import each other in a circle (data flows one way)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import captum_iglens
+
+ROOT = Path(captum_iglens.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, package: str, modules: set[str]) -> set[str]:
+    """Package modules imported anywhere (functions included), except under TYPE_CHECKING."""
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:  # relative import
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + [node.module])
+            # ``from pkg import submodule`` imports the submodule; any other name comes
+            # from ``pkg`` itself (its __init__).
+            subs = {f"{base}.{alias.name}" for alias in node.names}
+            found.update(subs & modules)
+            if subs - modules:
+                found.add(base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        graph[name] = {m for m in _imports(ast.parse(path.read_text()), package, set(files))
+                       if m in files and m != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_detector_finds_a_planted_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle() -> None:
+    graph = _graph()
+    assert "captum_iglens.ig_lens" in graph and graph["captum_iglens.ig_lens"]
+    cycle = _cycle(graph)
+    assert not cycle, "import circle: " + " -> ".join(cycle)
