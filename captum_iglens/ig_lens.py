@@ -80,7 +80,8 @@ class IGLens(GradientAttribution):
         decoder_blocks: Optional[nn.ModuleList] = None,
         check_readout: bool = True,
     ) -> None:
-        r"""
+        r"""Build IG-Lens for a causal LM and its chosen layers.
+
         Args:
             model (nn.Module): A Hugging Face causal LM (``*ForCausalLM``) or any model whose
                 decoder blocks and readout are given explicitly.
@@ -281,8 +282,10 @@ class IGLens(GradientAttribution):
             start_point (str or Tensor, optional): ``baselines`` as passed to
                 :meth:`attribute` (``None``: ``"mean"``).
             end_point (Tensor): ``inputs`` as passed to :meth:`attribute`.
-            target, additional_forward_args, positions, internal_batch_size: as passed to
-                :meth:`attribute`.
+            target: As passed to :meth:`attribute`.
+            additional_forward_args: As passed to :meth:`attribute`.
+            positions: As passed to :meth:`attribute`.
+            internal_batch_size: As passed to :meth:`attribute`.
 
         Returns:
             Tensor: ``[B]`` or ``[B, P]``, in probability units.

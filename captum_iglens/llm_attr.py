@@ -84,6 +84,7 @@ class LLMIGLensAttribution(LLMGradientAttribution):
     SUPPORTED_METHODS = (*LLMGradientAttribution.SUPPORTED_METHODS, IGLens)
 
     def __init__(self, attr_method: Any, tokenizer: Any) -> None:
+        """Wrap ``attr_method`` (IGLens or a Captum gradient method) for ``tokenizer``."""
         super().__init__(attr_method, tokenizer)
         if isinstance(attr_method, IGLens):
             # IG-Lens runs the model itself (teacher forcing over prompt + answer); keep the

@@ -49,8 +49,11 @@ def default_gguf_path() -> Path:
 
 
 def cache_root() -> Path:
-    """Cache folder: ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``, else
-    ``~/.cache/captum_iglens``."""
+    """The cache folder of de-quantised models.
+
+    ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``, else
+    ``~/.cache/captum_iglens``.
+    """
     env = os.environ.get("CAPTUM_IGLENS_CACHE")
     if env:
         return Path(env)
@@ -95,8 +98,11 @@ def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
 
 
 def _checked_tokenizer(tokenizer: Any, folder: Path) -> Any:
-    """Refuse a tokenizer without a vocabulary: from a folder without tokenizer files
-    transformers may build one that holds only special tokens and encodes text to nothing."""
+    """Refuse a tokenizer without a vocabulary.
+
+    From a folder without tokenizer files transformers may build one that holds only special
+    tokens and encodes text to nothing.
+    """
     if not tokenizer("hello world", add_special_tokens=False)["input_ids"]:
         raise ValueError(
             f"The tokenizer loaded from {str(folder)!r} has no vocabulary (it encodes text to no "

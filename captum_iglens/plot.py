@@ -108,9 +108,11 @@ def plot_result(
 def plot_completeness(
     report: CompletenessReport, ax: Any = None, title: Optional[str] = None
 ) -> Figure:
-    """Grouped bars: per layer, one bar per credit method; each method's own total change as
-    a dashed horizontal line in the same colour (probability units). The logit-lens levels,
-    when present, are drawn as a line on a second axis.
+    """Grouped bars of per-layer credit, one bar per credit method.
+
+    Each method's own total change is a dashed horizontal line in the same colour
+    (probability units). The logit-lens levels, when present, are drawn as a line on a
+    second axis.
 
     Returns:
         matplotlib.figure.Figure (the figure of ``ax`` when one is given).

@@ -72,6 +72,7 @@ class LensReadout(nn.Module):
         logit_transform: Optional[Callable[[Tensor], Tensor]] = None,
         name: str = "",
     ) -> None:
+        """Hold the modules after the last decoder block (see the class docstring)."""
         super().__init__()
         self.final_norm = final_norm
         self.pre_unembed = nn.ModuleList(pre_unembed)

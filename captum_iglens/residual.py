@@ -10,7 +10,7 @@ to it again normalises twice.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -126,25 +126,29 @@ def capture_residual_stream(
             store[index] = hidden.to(device) if device is not None else hidden
 
     indices = range(len(blocks) + 1) if finite is not None else sorted(wanted)
-    handles = []
+    handles: list = []
     try:
         for index in indices:
-            if index == 0:
-
-                def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-                    keep(0, _block_input(args, kwargs))
-
-                handles.append(blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-            else:
-
-                def hook(_m: nn.Module, _a: tuple, output: object, _i: int = index) -> None:
-                    keep(_i, _hidden_from_output(output))
-
-                handles.append(blocks[index - 1].register_forward_hook(hook))
+            handles.append(_register(blocks, index, keep))
         yield store
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _register(blocks: nn.ModuleList, index: int, keep: Callable[[int, Tensor], None]) -> Any:
+    """Hook hidden-state index ``index``: block 1's input for 0, block ``index``'s output."""
+    if index == 0:
+
+        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            keep(0, _block_input(args, kwargs))
+
+        return blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+    def hook(_m: nn.Module, _a: tuple, output: object) -> None:
+        keep(index, _hidden_from_output(output))
+
+    return blocks[index - 1].register_forward_hook(hook)
 
 
 def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:

@@ -42,7 +42,8 @@ def test_tutorial_pattern_adds_up_to_the_models_own_change(setup) -> None:
     inp = TextTokenInput(PROMPT, tokenizer, baselines=space)
     res = llm_attr.attribute(inp, target=TARGET)
     target = tokenizer(TARGET, add_special_tokens=False)["input_ids"]
-    assert res.input_tokens == ["emb", "L10", "L20", "L30"] and len(res.output_tokens) == len(target)
+    assert res.input_tokens == ["emb", "L10", "L20", "L30"]
+    assert len(res.output_tokens) == len(target)
     # Each row adds up to its token's delta_p ...
     torch.testing.assert_close(res.token_attr.sum(-1), res.delta_p, atol=1e-6, rtol=0)
     assert res.convergence_delta.abs().max() <= 1e-6

@@ -33,6 +33,7 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         baseline: str,
         **captum_fields: Any,
     ) -> None:
+        """Captum's fields (keyword-only, as Captum takes them) plus the three above."""
         super().__init__(**captum_fields)
         self.p_baseline = p_baseline
         self.convergence_delta = convergence_delta

@@ -114,11 +114,15 @@ class CompletenessReport:
         return layer_names(self.layer_indices)
 
     def __getitem__(self, name: str) -> MethodCompleteness:
+        """The numbers of method ``name`` (a key of :data:`COMPARE_METHODS`)."""
         return self.methods[name]
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: settings and, per method, per-layer credit, sum, total, gap,
-        convergence deltas and wall time."""
+        """A JSON-ready dict.
+
+        Settings and, per method, per-layer credit, sum, total, gap, convergence deltas and
+        wall time.
+        """
         return {
             "model": self.model_name,
             "layers": [int(i) for i in self.layer_indices],
@@ -207,6 +211,7 @@ class CompletenessReport:
         return "\n".join(lines)
 
     def __str__(self) -> str:
+        """The table, :meth:`format_table`."""
         return self.format_table()
 
     def plot(self, ax: Any = None, title: Optional[str] = None) -> Any:

@@ -123,8 +123,11 @@ class IGLensResult:
         return text
 
     def format_table(self, tokens_per_block: int = 5) -> str:
-        """The layer x token table as text: per token the IG credit and the logit-lens
-        probability at each layer, then the sum, ``delta_p`` and onset layer per token."""
+        """The layer x token table as text.
+
+        Per token the IG credit and the logit-lens probability at each layer, then the sum,
+        ``delta_p`` and onset layer per token.
+        """
         lines: list[str] = []
         names = self.layer_names
         for begin in range(0, len(self.tokens), tokens_per_block):
@@ -161,18 +164,24 @@ class IGLensResult:
         return "\n".join(lines)
 
     def to_captum(self) -> Any:
-        """This result as a ``captum.attr.LLMAttributionResult``: layer names as input
-        tokens, answer tokens as output tokens, ``token_attr`` the ``[T, k]`` credits,
-        ``seq_attr`` their ``[k]`` sum over tokens; ``plot_token_attr()`` draws the token x
-        layer heatmap. See :func:`captum_iglens.plot.result_to_captum`."""
+        """This result as a ``captum.attr.LLMAttributionResult``.
+
+        Layer names are the input tokens, answer tokens the output tokens, ``token_attr`` the
+        ``[T, k]`` credits, ``seq_attr`` their ``[k]`` sum over tokens;
+        ``plot_token_attr()`` draws the token x layer heatmap. See
+        :func:`captum_iglens.plot.result_to_captum`.
+        """
         from captum_iglens.plot import result_to_captum
 
         return result_to_captum(self)
 
     def plot(self, path: Optional[str] = None, **kwargs: Any) -> Any:
-        """Token x layer heatmap (diverging, centred at 0, onset marked) and the logit-lens
-        trajectory per token; returns the matplotlib ``Figure`` and saves it to ``path`` if
-        given. See :func:`captum_iglens.plot.plot_result`."""
+        """Token x layer heatmap and the logit-lens trajectory per token.
+
+        The heatmap is diverging, centred at 0, with the onset marked. Returns the matplotlib
+        ``Figure`` and saves it to ``path`` if given. See
+        :func:`captum_iglens.plot.plot_result`.
+        """
         from captum_iglens.plot import plot_result
 
         fig = plot_result(self, **kwargs)
@@ -181,4 +190,5 @@ class IGLensResult:
         return fig
 
     def __str__(self) -> str:
+        """The answer and the table."""
         return f"answer: {self.answer!r}\n" + self.format_table()

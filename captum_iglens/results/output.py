@@ -43,6 +43,7 @@ class IGLensOutput:
     baseline: str = "mean"
 
     def __post_init__(self) -> None:
+        """Check that every tensor has the shape the others imply."""
         batch, n_pos = self.p_final.shape
         expected = {
             "attributions": (batch, n_pos, len(self.layer_indices)),
