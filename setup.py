@@ -28,7 +28,7 @@ setup(
         "torch>=2.2",
         "transformers>=4.46",
         "numpy>=1.24",
-        "safetensors>=0.4",
+        # transformers imports these when captum_iglens.models loads the embedded GGUF model
         "gguf>=0.10",
         "accelerate>=0.30",
         "matplotlib>=3.7",

@@ -25,7 +25,9 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from captum_iglens import IGLens
+from captum_iglens.estimators import ESTIMATORS, grid_probs, node_probs
 from captum_iglens.models import load_model
+from captum_iglens.readout import chunk_rows, readout_probs
 from captum_iglens.residual import capture_residual_stream
 from captum_iglens.text import build_prompt_ids, generate_answer
 
@@ -99,17 +101,20 @@ def main() -> None:
     delta_p = details.p_final - details.p_baseline
 
     # 2. Estimators alone, side by side on one captured residual stream (same forward).
-    cap, _ = lens._capture(ids, target, positions, "mean", None)
-    chunk = lens._chunk_rows(None, 49152)
-    hidden = cap.hidden.reshape(-1, cap.hidden.shape[-1])
-    lens_targets = cap.target[:, :, None].expand(cap.hidden.shape[:-1]).reshape(-1)
-    e_default, _ = median_time(lambda: lens._node_probs(cap, chunk).diff(dim=-1), args.repeats)
-    e_grid, _ = median_time(lambda: lens._grid_probs(cap, args.n_steps, chunk).diff(dim=-1)
-                            .sum(-1), max(1, args.repeats // 2))
-    e_grad, _ = median_time(lambda: lens._gradient_credits(cap, "gausslegendre", args.n_steps,
-                                                           chunk, torch.float32),
-                            max(1, args.repeats // 2))
-    e_lens, _ = median_time(lambda: lens._readout_probs(hidden, lens_targets, chunk),
+    cap = lens._capture(ids, target, positions, "mean", None)
+    chunk = chunk_rows(None, 49152)
+    layers = cap.path.nodes[:, :, 1:]
+    hidden = layers.reshape(-1, layers.shape[-1])
+    lens_targets = cap.path.target[:, :, None].expand(layers.shape[:-1]).reshape(-1)
+    e_default, _ = median_time(lambda: node_probs(lens.readout, cap.path, chunk).diff(dim=-1),
+                               args.repeats)
+    e_grid, _ = median_time(lambda: grid_probs(lens.readout, cap.path, args.n_steps, chunk)
+                            .diff(dim=-1).sum(-1), max(1, args.repeats // 2))
+    probs = node_probs(lens.readout, cap.path, chunk)
+    e_grad, _ = median_time(lambda: ESTIMATORS["gausslegendre"](
+        lens.readout, cap.path, probs, "gausslegendre", args.n_steps, chunk),
+        max(1, args.repeats // 2))
+    e_lens, _ = median_time(lambda: readout_probs(lens.readout, hidden, lens_targets, chunk),
                             args.repeats)
 
     readouts = [n_tok * (k + 1), n_tok * k * (args.n_steps + 1), n_tok * k * args.n_steps,
