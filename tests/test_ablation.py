@@ -1,0 +1,129 @@
+"""Position-local block ablation (captum_iglens.ablation) against hand-written hooked forwards.
+
+The reference here never uses the KV cache: it runs the whole prefix through the model with
+one forward hook that rewrites one block's output at one position, which is the definition
+of the ablation. The library's cached single-token batches must agree to 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import VOCAB, make_tiny
+from torch import nn
+
+from captum_iglens import IGLens, resolve_decoder_blocks
+from captum_iglens.ablation import (
+    KINDS,
+    AblationCheckError,
+    BlockAblation,
+    mean_updates,
+)
+
+N_BLOCKS = 4
+POSITIONS = [0, 6, 13]
+SEQ = 16
+
+
+def _reference(model: nn.Module, ids: torch.Tensor, pos: int, layer: int,
+               repl: torch.Tensor, target: int) -> float:
+    """p(target) at ``pos`` when block ``layer``'s output there is its input + ``repl``."""
+    block = resolve_decoder_blocks(model)[layer - 1]
+    seen = {}
+
+    def pre(_m, args, kwargs):
+        seen["in"] = args[0] if args else kwargs["hidden_states"]
+
+    def post(_m, _a, output):
+        hidden = (output if isinstance(output, torch.Tensor) else output[0]).clone()
+        hidden[0, pos] = seen["in"][0, pos] + repl
+        return hidden if isinstance(output, torch.Tensor) else (hidden, *output[1:])
+
+    handles = [block.register_forward_pre_hook(pre, with_kwargs=True),
+               block.register_forward_hook(post)]
+    try:
+        with torch.no_grad():
+            logits = model(ids[None, : pos + 1], use_cache=False).logits[0, pos]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(torch.softmax(logits.float(), -1)[target])
+
+
+@pytest.fixture(params=["llama", "gpt2"])
+def setup(request):
+    model = make_tiny(request.param, seed=3, n_layers=N_BLOCKS).eval()
+    gen = torch.Generator().manual_seed(7)
+    sequences = [torch.randint(0, VOCAB, (SEQ,), generator=gen) for _ in range(16)]
+    ablation = BlockAblation(model)
+    traces = [ablation.trace(s) for s in sequences]
+    ids = sequences[0]
+    with torch.no_grad():
+        target = model(ids[None]).logits[0, POSITIONS].argmax(-1)  # the greedy tokens
+    return model, ablation, traces, ids, target
+
+
+def test_every_kind_matches_a_hooked_full_forward(setup) -> None:
+    model, ablation, traces, ids, target = setup
+    mean = mean_updates(traces[1:], min_positions=200)
+    resample = traces[1].updates[[p + 1 for p in POSITIONS]]  # a donor at another position
+    out = ablation.ablate(traces[0], POSITIONS, target, KINDS, mean, resample)
+    with torch.no_grad():
+        clean = torch.softmax(model(ids[None]).logits[0].float(), -1)[POSITIONS, target]
+    assert torch.allclose(out.p_clean, clean, atol=1e-5, rtol=0)
+    replacements = {"zero": lambda j: torch.zeros(N_BLOCKS, mean.shape[-1]),
+                    "mean": lambda j: mean, "resample": lambda j: resample[j]}
+    for kind in KINDS:
+        for j, pos in enumerate(POSITIONS):
+            for layer in range(1, N_BLOCKS + 1):
+                repl = replacements[kind](j)[layer - 1]
+                expected = _reference(model, ids, pos, layer, repl, int(target[j]))
+                assert abs(float(out.p_ablated[kind][j, layer - 1]) - expected) <= 1e-5
+        assert torch.allclose(out.drops[kind], out.p_clean[:, None] - out.p_ablated[kind])
+    assert set(out.check_errors) == {"clean", "spot", "last_block"}
+
+
+def test_last_block_drop_is_its_ig_lens_credit(setup) -> None:
+    model, ablation, traces, ids, target = setup
+    out = ablation.ablate(traces[0], POSITIONS, target, ("zero",))
+    details = IGLens(model).attribute_details(ids[None], target=target[None],
+                                              positions=POSITIONS)
+    assert torch.allclose(out.drops["zero"][:, -1], details.attributions[0, :, -1].cpu(),
+                          atol=1e-6, rtol=0)
+    direct = ablation.direct_effects(traces[0], POSITIONS, target)
+    assert direct.shape == (len(POSITIONS), N_BLOCKS)
+    assert torch.allclose(direct[:, -1], out.drops["zero"][:, -1], atol=1e-6, rtol=0)
+
+
+def test_mean_reference_excludes_position_zero_and_needs_200_positions(setup) -> None:
+    _, _, traces, _, _ = setup
+    expected = torch.cat([t.updates[1:] for t in traces[1:]]).double().mean(0).float()
+    assert torch.allclose(mean_updates(traces[1:]), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="at least 200"):
+        mean_updates(traces[1:3])
+
+
+def test_failed_checks_raise(setup) -> None:
+    _, ablation, traces, _, target = setup
+    with pytest.raises(AblationCheckError, match="p_final"):
+        ablation.ablate(traces[0], POSITIONS, target, ("zero",), p_final=torch.zeros(3))
+    with pytest.raises(AblationCheckError, match="last block"):
+        ablation.ablate(traces[0], POSITIONS, target, ("zero",),
+                        last_credit=torch.full((3,), 0.5))
+
+
+def test_bad_arguments_and_model_state() -> None:
+    model = make_tiny("llama", n_layers=2)  # train mode, as constructed
+    ablation = BlockAblation(model)
+    trace = ablation.trace(torch.arange(10))
+    target = torch.tensor([3])
+    with pytest.raises(ValueError, match="mean_update"):
+        ablation.ablate(trace, [4], target, ("mean",))
+    with pytest.raises(ValueError, match="Unknown ablation kind"):
+        ablation.ablate(trace, [4], target, ("shuffle",))
+    with pytest.raises(ValueError, match="positions"):
+        ablation.ablate(trace, [10], target, ("zero",))
+    with pytest.raises(ValueError, match="target"):
+        ablation.ablate(trace, [3, 4], target, ("zero",))
+    ablation.ablate(trace, [4], target, ("zero",))
+    assert all(m.training for m in model.modules())
