@@ -23,6 +23,7 @@ setup(
     license="BSD-3-Clause",
     python_requires=">=3.10",
     packages=find_packages(include=["captum_iglens", "captum_iglens.*"]),
+    package_data={"captum_iglens": ["data/*.jsonl"]},
     install_requires=[
         "captum>=0.8",
         "torch>=2.2",
