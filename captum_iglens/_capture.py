@@ -25,6 +25,7 @@ from captum_iglens._inputs import (
 )
 from captum_iglens.architectures import vocab_size
 from captum_iglens.baselines import (
+    MEAN_BASELINE_LAYER,
     BaselineSpec,
     check_reference_ids,
     is_reference_ids,
@@ -43,6 +44,7 @@ class PathCapture:
     Attributes:
         path (PathNodes): nodes ``[B, P, k + 1, d]`` (baseline first) and targets ``[B, P]``.
         model_probs (Tensor): ``[B, P]`` float32 ``softmax(model logits)[target]``.
+        model_argmax (Tensor): ``[B, P]`` int64, the model's own top token at each position.
         positions (list[int]): The ``P`` explained positions (non-negative).
         single (bool): Whether one int position was asked for.
         baseline (str): What the paths start from.
@@ -50,6 +52,7 @@ class PathCapture:
 
     path: PathNodes
     model_probs: Tensor
+    model_argmax: Tensor
     positions: list[int]
     single: bool
     baseline: str
@@ -98,8 +101,8 @@ def capture_path(
     kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
     check_not_padding(mask, pos_list)
     needed = set(layer_indices)
-    if isinstance(baselines, str) and baselines == "embedding":
-        needed.add(0)
+    if isinstance(baselines, str) and baselines in ("embedding", "mean"):
+        needed.add(0 if baselines == "embedding" else MEAN_BASELINE_LAYER)
     # Only the explained positions need the model's own logits: skip the unembedding
     # elsewhere where the model supports it.
     if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
@@ -116,10 +119,11 @@ def capture_path(
                                              mask)
         base, name = ref_states[last][:, pos_list], "reference ids"
     else:
-        base = residual_baseline(baselines, states, layer_indices[0], pos_list, mask, hidden)
+        base = residual_baseline(baselines, states, pos_list, mask, hidden)
         name = baselines if isinstance(baselines, str) else "tensor"
     return PathCapture(
         path=PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt),
         model_probs=log_probs.gather(-1, tgt[..., None])[..., 0].exp(),
+        model_argmax=log_probs.argmax(-1),
         positions=pos_list, single=single, baseline=name,
     )

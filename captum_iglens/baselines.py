@@ -20,6 +20,8 @@ from captum_iglens.architectures import input_embeddings, vocab_size
 
 __all__ = [
     "BASELINES",
+    "BASELINE_DESCRIPTIONS",
+    "MEAN_BASELINE_LAYER",
     "BaselineSpec",
     "check_reference_ids",
     "describe_input_baseline",
@@ -30,6 +32,19 @@ __all__ = [
 
 #: Named residual-space baselines accepted by :meth:`~captum_iglens.IGLens.attribute`.
 BASELINES: tuple[str, ...] = ("mean", "zero", "embedding")
+
+#: The hidden-state index averaged by the ``"mean"`` baseline: the first block's output,
+#: whichever layers are chosen, so a token's total ``delta_p`` never depends on the choice.
+MEAN_BASELINE_LAYER = 1
+
+#: What each baseline is, in words, for tables, JSON and plots.
+BASELINE_DESCRIPTIONS: dict[str, str] = {
+    "mean": "mean of h_1 (first block output) over the sequence's attended positions",
+    "zero": "the zero vector of residual space",
+    "embedding": "h_0 (the embedding stream) at the same position",
+    "tensor": "a residual-space tensor given by the caller",
+    "reference ids": "h_n(x'), the last-block residual of the reference token ids",
+}
 
 BaselineSpec = Union[str, Tensor]
 
@@ -49,8 +64,8 @@ def _mean_baseline(first: Tensor, mask: Optional[Tensor]) -> Tensor:
 
 
 def _named_baseline(
-    name: str, states: dict[int, Tensor], first_layer: int, positions: list[int],
-    mask: Optional[Tensor], hidden: Tensor,
+    name: str, states: dict[int, Tensor], positions: list[int], mask: Optional[Tensor],
+    hidden: Tensor,
 ) -> Tensor:
     batch, n_pos, _, d = hidden.shape
     if name == "zero":
@@ -58,7 +73,8 @@ def _named_baseline(
     if name == "embedding":
         return states[0][:, positions]
     if name == "mean":
-        return _mean_baseline(states[first_layer], mask)[:, None, :].expand(batch, n_pos, d)
+        mean = _mean_baseline(states[MEAN_BASELINE_LAYER], mask)
+        return mean[:, None, :].expand(batch, n_pos, d)
     raise ValueError(
         f"Unknown baseline {name!r}: use one of {BASELINES}, a residual-space tensor or "
         "reference token ids shaped like inputs."
@@ -68,7 +84,6 @@ def _named_baseline(
 def residual_baseline(
     baselines: BaselineSpec,
     states: dict[int, Tensor],
-    first_layer: int,
     positions: list[int],
     mask: Optional[Tensor],
     hidden: Tensor,
@@ -76,11 +91,12 @@ def residual_baseline(
     """The path start ``b`` at every explained position: ``[B, P, d]``.
 
     Args:
-        baselines (str or Tensor): ``"mean"`` (mean over non-padded positions of
-            ``h_{L_1}``), ``"zero"``, ``"embedding"`` (``h_0`` at the same position), or a
-            floating tensor of shape ``[d]``, ``[B, d]``, ``[B, P, d]`` or ``[B, S, d]``.
-        states (dict): Captured residuals ``{l: [B, S, d]}``.
-        first_layer (int): ``L_1``, the first chosen hidden-state index.
+        baselines (str or Tensor): ``"mean"`` (mean over non-padded positions of ``h_1``,
+            the first block's output, whichever layers are chosen), ``"zero"``,
+            ``"embedding"`` (``h_0`` at the same position), or a floating tensor of shape
+            ``[d]``, ``[B, d]``, ``[B, P, d]`` or ``[B, S, d]``.
+        states (dict): Captured residuals ``{l: [B, S, d]}`` (``h_1`` included for
+            ``"mean"``, ``h_0`` for ``"embedding"``).
         positions (list of int): The ``P`` explained positions.
         mask (Tensor, optional): ``[B, S]`` attention mask.
         hidden (Tensor): ``[B, P, k, d]`` residuals at the chosen layers (shape and dtype).
@@ -90,7 +106,7 @@ def residual_baseline(
         TypeError: neither a string nor a tensor.
     """
     if isinstance(baselines, str):
-        return _named_baseline(baselines, states, first_layer, positions, mask, hidden)
+        return _named_baseline(baselines, states, positions, mask, hidden)
     if not isinstance(baselines, Tensor):
         raise TypeError(f"baselines must be a string or a tensor, got {type(baselines)}")
     batch, n_pos, _, d = hidden.shape

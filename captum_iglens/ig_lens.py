@@ -166,7 +166,8 @@ class IGLens(GradientAttribution):
             inputs (Tensor): Token ids ``[B, S]`` (int64). Left-pad batches and pass the
                 attention mask in ``additional_forward_args``.
             baselines (str or Tensor, optional): Where the path starts. ``"mean"``
-                (default; mean over non-padded positions of ``h_{L_1}``), ``"zero"``,
+                (default; mean over non-padded positions of ``h_1``, the first block's
+                output, whichever layers are chosen), ``"zero"``,
                 ``"embedding"`` (``h_0`` at the same position); a floating tensor in residual
                 space of shape ``[d]``, ``[B, d]``, ``[B, P, d]`` or ``[B, S, d]``; or
                 integer *reference token ids* ``[B, S]`` as Captum users pass them to the
@@ -334,17 +335,22 @@ class IGLens(GradientAttribution):
         cap = self._capture(inputs, target, positions, baselines, additional_forward_args)
         return grid_probs(self.readout, cap.path, n_steps, self._chunk(internal_batch_size))
 
-    def onset_layers(self, attributions: Tensor, frac: float = 0.5) -> Tensor:
+    def onset_layers(
+        self, attributions: Tensor, frac: float = 0.5, rule: str = "sustained"
+    ) -> Tensor:
         """Onset layer ``L*`` per explained prediction (see :func:`onset_layer_indices`).
 
         Args:
             attributions (Tensor): ``[..., k]`` credits from :meth:`attribute`.
-            frac (float, optional): Mass fraction in ``(0, 1]``. Default: 0.5.
+            frac (float, optional): Fraction in ``(0, 1]``. Default: 0.5.
+            rule (str, optional): ``"sustained"`` (default: the first layer from which the
+                cumulative credit stays at or beyond ``frac * delta_p``) or ``"mass"`` (the
+                first layer holding ``frac`` of the cumulative ``|credit|``).
 
         Returns:
             Tensor: ``[...]`` int64 hidden-state indices (values of ``layer_indices``).
         """
-        return onset_layer_indices(attributions, self.layer_indices, frac)
+        return onset_layer_indices(attributions, self.layer_indices, frac, rule)
 
     # ------------------------------------------------------------------ the computation
     def _run(
@@ -380,6 +386,7 @@ class IGLens(GradientAttribution):
             positions=cap.positions,
             layer_indices=self.layer_indices,
             baseline=cap.baseline,
+            model_argmax=cap.model_argmax,
         )
         return out, cap.single
 

@@ -1,4 +1,17 @@
-"""Onset layer: where the bulk of a token's probability change is produced (DESIGN.md s. 1)."""
+"""Onset layer: from which chosen layer on a token's probability change has been produced.
+
+Two rules, both on a token's IG-Lens credits ``c_1..c_k`` (chosen layers ``L_1..L_k``) with
+cumulative sums ``C_j = c_1 + ... + c_j`` and total ``C_k = delta_p``:
+
+- ``"sustained"`` (default): the first layer ``L_j`` from which the cumulative credit stays
+  at or beyond ``frac * delta_p`` for every later layer (``s * C_j' >= s * frac * delta_p``
+  for all ``j' >= j``, ``s`` the sign of ``delta_p``). When ``delta_p > 0`` it is never a
+  layer with negative credit: the crossing layer raises the cumulative sum.
+- ``"mass"``: the first layer at which the cumulative ``|c|`` reaches ``frac`` of the total
+  ``|c|`` mass (it can sit on a layer that lowers the probability).
+
+Where every credit is zero (``delta_p = 0`` and no mass) the onset is the first chosen layer.
+"""
 
 from __future__ import annotations
 
@@ -7,38 +20,61 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["onset_layer_indices"]
+__all__ = ["ONSET_RULES", "onset_layer_indices"]
+
+#: Onset rules accepted by :func:`onset_layer_indices`.
+ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
+
+
+def _sustained(credits: Tensor, frac: float) -> Tensor:
+    cumulative = credits.cumsum(-1)
+    total = cumulative[..., -1:]
+    sign = torch.where(total < 0, -1.0, 1.0).to(credits.dtype)
+    # A relative slack keeps a layer that reaches the threshold up to float64 rounding.
+    slack = 1e-12 * credits.abs().sum(-1, keepdim=True)
+    ok = sign * cumulative >= sign * frac * total - slack
+    # the first index from which ok holds to the end: 1 + the last index where it fails
+    failing = (~ok).to(torch.int64)
+    positions = torch.arange(1, credits.shape[-1] + 1, dtype=torch.int64, device=credits.device)
+    return (failing * positions).amax(-1).clamp(max=credits.shape[-1] - 1)
+
+
+def _mass(credits: Tensor, frac: float) -> Tensor:
+    cumulative = credits.abs().cumsum(-1)
+    total = cumulative[..., -1:]
+    reached = cumulative >= frac * total * (1 - 1e-12)
+    return reached.to(torch.int64).argmax(-1)
 
 
 def onset_layer_indices(
-    attributions: Tensor, layer_indices: Sequence[int], frac: float = 0.5
+    attributions: Tensor, layer_indices: Sequence[int], frac: float = 0.5,
+    rule: str = "sustained",
 ) -> Tensor:
-    """The earliest chosen layer at which cumulative ``|IGL|`` reaches ``frac`` of the total.
+    """The onset layer of each explained prediction (see the module docstring for the rules).
 
     Args:
         attributions (Tensor): ``[..., k]`` IG-Lens credits (probability units).
         layer_indices (sequence of int): The ``k`` hidden-state indices of the last dimension.
-        frac (float, optional): Mass fraction in ``(0, 1]``. Default: 0.5.
+        frac (float, optional): Fraction in ``(0, 1]``. Default: 0.5.
+        rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
 
     Returns:
-        Tensor: ``[...]`` int64 hidden-state indices. Where all credits are zero the onset is
-        the first chosen layer.
+        Tensor: ``[...]`` int64 hidden-state indices (values of ``layer_indices``).
 
     Raises:
-        ValueError: if ``frac`` is outside ``(0, 1]`` or the last dimension is not ``k``.
+        ValueError: ``frac`` outside ``(0, 1]``, an unknown rule, or a last dimension that
+            is not ``k``.
     """
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"onset fraction must be in (0, 1], got {frac}")
+    if rule not in ONSET_RULES:
+        raise ValueError(f"Unknown onset rule {rule!r}: use one of {ONSET_RULES}.")
     if attributions.shape[-1] != len(layer_indices):
         raise ValueError(
             f"attributions has {attributions.shape[-1]} layers in its last dimension, "
             f"but {len(layer_indices)} layer indices were given."
         )
-    mass = attributions.detach().abs().double()
-    cumulative = mass.cumsum(-1)
-    total = cumulative[..., -1:]
-    # A small relative slack keeps a layer that reaches the threshold up to rounding.
-    reached = cumulative >= frac * total * (1 - 1e-12)
-    first = reached.to(torch.int64).argmax(-1)
+    credits = attributions.detach().double()
+    first = _sustained(credits, frac) if rule == "sustained" else _mass(credits, frac)
     indices = torch.as_tensor(list(layer_indices), dtype=torch.int64, device=first.device)
     return indices[first]

@@ -10,6 +10,8 @@ from conftest import make_tiny
 from captum_iglens import IGLens, onset_layer_indices
 from captum_iglens.residual import capture_residual_stream
 
+F32_EPS = torch.finfo(torch.float32).eps
+
 GRADIENT_METHODS = ["riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid",
                     "gausslegendre"]
 
@@ -153,22 +155,64 @@ def test_layers_modules_ints_and_last_block():
     assert attr.shape == (1, 3)
 
 
+def test_default_baseline_does_not_depend_on_the_chosen_layers(tiny_llama, input_ids):
+    """The "mean" baseline is the mean of h_1 whatever the layers: the same token has the
+    same p_baseline and delta_p with all layers, with layers from 0, and with two layers."""
+    outs = [IGLens(tiny_llama, layers=layers).attribute_details(input_ids, positions=[2, -1])
+            for layers in (None, [0, 2], [3], [0, 1, 2, 3])]
+    for out in outs[1:]:
+        # the same readout of the same vector, other chunk shapes: float32 roundings only
+        assert (out.p_baseline - outs[0].p_baseline).abs().max() <= 8 * F32_EPS
+        assert (out.delta_p - outs[0].delta_p).abs().max() <= 16 * F32_EPS
+    assert outs[0].delta_p.abs().max() > 1e-3  # a non-trivial total
+    # the baseline is the mean of the first block's output, not of h_0 or h_{L_1}
+    with capture_residual_stream(IGLens(tiny_llama).decoder_blocks, [1]) as states:
+        with torch.no_grad():
+            tiny_llama.eval()(input_ids, use_cache=False)
+    explicit = IGLens(tiny_llama, layers=[0, 2]).attribute_details(
+        input_ids, states[1].mean(1), positions=[2, -1])
+    assert (explicit.p_baseline - outs[1].p_baseline).abs().max() <= 8 * F32_EPS
+
+
 def test_layer_subset_credits_are_sums_of_finer_credits(tiny_llama, input_ids):
-    """Telescoping: merging adjacent segments of the path adds their credits (a fixed
-    baseline: the default "mean" baseline depends on the first chosen layer)."""
-    fine = IGLens(tiny_llama, layers=[1, 2, 3, 4]).attribute(input_ids, baselines="zero")
-    coarse = IGLens(tiny_llama, layers=[2, 4]).attribute(input_ids, baselines="zero")
+    """Telescoping: merging adjacent segments of the path adds their credits."""
+    fine = IGLens(tiny_llama, layers=[1, 2, 3, 4]).attribute(input_ids)
+    coarse = IGLens(tiny_llama, layers=[2, 4]).attribute(input_ids)
     assertTensorAlmostEqual(None, coarse[:, 0], fine[:, :2].sum(-1), delta=1e-6, mode="max")
     assertTensorAlmostEqual(None, coarse[:, 1], fine[:, 2:].sum(-1), delta=1e-6, mode="max")
 
 
 def test_onset_layer():
     attr = torch.tensor([[0.1, 0.3, 0.6], [-0.4, 0.1, 0.5], [0.0, 0.0, 0.0]])
-    onset = onset_layer_indices(attr, [2, 5, 8], frac=0.5)
+    onset = onset_layer_indices(attr, [2, 5, 8], frac=0.5, rule="mass")
     assert onset.tolist() == [8, 5, 2]
-    assert onset_layer_indices(attr, [2, 5, 8], frac=0.35).tolist() == [5, 2, 2]
+    assert onset_layer_indices(attr, [2, 5, 8], frac=0.35, rule="mass").tolist() == [5, 2, 2]
+    # sustained (default): cumulative credit stays >= half of delta_p from the onset on;
+    # row 2's cumulative sum is -0.4, -0.3, 0.2: only the last layer holds half of 0.2
+    assert onset_layer_indices(attr, [2, 5, 8]).tolist() == [8, 8, 2]
     with pytest.raises(ValueError, match="fraction"):
         onset_layer_indices(attr, [2, 5, 8], frac=0.0)
+    with pytest.raises(ValueError, match="onset rule"):
+        onset_layer_indices(attr, [2, 5, 8], rule="median")
+
+
+def test_sustained_onset_is_never_a_layer_that_lowers_the_probability():
+    """The mass rule can pick a layer with negative credit; the default rule cannot when
+    delta_p > 0, and for delta_p < 0 it mirrors (a layer that lowers the probability)."""
+    attr = torch.tensor([[0.6, -0.5, 0.3], [-0.1, -0.3, 0.05]])
+    assert onset_layer_indices(attr, [1, 2, 3], rule="mass").tolist() == [2, 2]
+    assert onset_layer_indices(attr, [1, 2, 3]).tolist() == [3, 2]
+    gen = torch.Generator().manual_seed(0)
+    credits = torch.randn(500, 7, generator=gen)
+    onset = onset_layer_indices(credits, list(range(7)))
+    chosen = credits.gather(-1, onset[:, None])[:, 0]
+    positive = credits.sum(-1) > 0
+    assert (chosen[positive] > 0).all() and (chosen[~positive] < 0).all()
+    cumulative = credits.double().cumsum(-1)
+    half = 0.5 * cumulative[:, -1:]
+    sign = half.sign()
+    after = torch.arange(7)[None] >= onset[:, None]
+    assert ((sign * cumulative >= sign * half - 1e-12) | ~after).all()
 
 
 def test_input_forms_and_refusals_that_would_otherwise_be_silent(tiny_llama, input_ids):

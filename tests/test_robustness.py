@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import make_tiny
 from tiny_families import make_family
+from tiny_tokenizer import word_tokenizer
 from torch import nn
 
 from captum_iglens import IGLens
@@ -23,20 +24,6 @@ POSITIONS = [2, 5, -1]
 @pytest.fixture(scope="module")
 def ids() -> torch.Tensor:
     return torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(3))
-
-
-def _word_tokenizer():
-    """An offline word-level tokenizer over the 128-token test vocabulary, no chat template."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(124)]
-    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
-                                   eos_token="<eos>", unk_token="<unk>")
 
 
 # ---------------------------------------------------------------------------- precision
@@ -221,9 +208,9 @@ def test_empty_inputs(lens: IGLens) -> None:
 
 def test_empty_prompt_text() -> None:
     with pytest.raises(ValueError, match="prompt is empty"):
-        build_prompt_ids(_word_tokenizer(), "   ")
+        build_prompt_ids(word_tokenizer(), "   ")
     with pytest.raises(ValueError, match="prompt is empty"):
-        explain(make_family("llama"), _word_tokenizer(), "")
+        explain(make_family("llama"), word_tokenizer(), "")
 
 
 def test_token_ids_outside_vocab(lens: IGLens) -> None:
@@ -270,14 +257,14 @@ def test_positions_outside(lens: IGLens, ids: torch.Tensor) -> None:
 
 
 def test_no_chat_template_falls_back_with_warning() -> None:
-    tok = _word_tokenizer()
+    tok = word_tokenizer()
     with pytest.warns(UserWarning, match="no chat template; explaining the raw prompt"):
         prompt_ids, used = build_prompt_ids(tok, "w1 w2 w3")
     assert not used and prompt_ids == [5, 6, 7]
 
 
 def test_multi_token_string_target_refused_with_ids() -> None:
-    tok = _word_tokenizer()
+    tok = word_tokenizer()
     assert target_token_id(tok, "w7") == 11
     with pytest.raises(ValueError, match=r"tokenises to 2 tokens: 11 \('w7'\), 12 \('w8'\)"):
         target_token_id(tok, "w7 w8")
@@ -289,7 +276,7 @@ def test_multi_token_string_target_explained_each() -> None:
     """explain(..., target=text) explains every token of the target, teacher-forced: the ids
     are reported, rows match IGLens on prompt + target at the right positions, and the
     credits add up."""
-    tok = _word_tokenizer()
+    tok = word_tokenizer()
     model = make_family("llama")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -333,7 +320,7 @@ def test_explain_on_offloaded_model() -> None:
     and gives the plain model's credits."""
     from accelerate import cpu_offload
 
-    tok = _word_tokenizer()
+    tok = word_tokenizer()
     plain = make_family("gpt2")
     offloaded = make_family("gpt2")
     cpu_offload(offloaded, execution_device=torch.device("cpu"))

@@ -3,42 +3,60 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
-from captum_iglens.results._format import layer_names, shorten
+from captum_iglens.results._format import layer_names
 
 __all__ = ["IGLensResult"]
+
+_TENSORS = ("attributions", "lens_probs", "p_final", "p_baseline", "convergence_delta")
 
 
 @dataclass
 class IGLensResult:
     """IG-Lens over every answer token of one prompt (``T`` tokens, ``k`` chosen layers).
 
-    Probabilities and credits are in probability units (not logits), float32 CPU tensors.
+    Probabilities and credits are in the readout's units (``units``: probability by default,
+    or log-probability in nats), float32 CPU tensors.
 
     Attributes:
         prompt (str): The user's prompt, before any chat template.
-        answer (str): The generated answer, special tokens removed.
+        answer (str): The explained answer, special tokens removed.
         prompt_length (int): Number of prompt tokens (after the chat template).
         input_ids (list[int]): Prompt + answer token ids, the teacher-forced sequence.
-        tokens (list[str]): The ``T`` answer tokens, each decoded on its own.
+        tokens (list[str]): The ``T`` answer tokens, readable (partial UTF-8 pieces named).
         token_ids (list[int]): Their ids (the targets).
         positions (list[int]): Position in ``input_ids`` whose next-token prediction is each
             answer token (``prompt_length - 1 + t``).
         layer_indices (list[int]): The ``k`` hidden-state indices (0 = embedding output,
             ``n`` = last decoder block).
         attributions (Tensor): ``[T, k]`` IG-Lens credit per layer.
-        lens_probs (Tensor): ``[T, k]`` logit-lens probability of the token at each layer.
-        p_final (Tensor): ``[T]`` the model's probability of the token (Invariant R).
+        lens_probs (Tensor): ``[T, k]`` logit-lens readout of the token at each layer.
+        p_final (Tensor): ``[T]`` the model's probability of the token.
         p_baseline (Tensor): ``[T]`` the readout at the baseline.
         convergence_delta (Tensor): ``[T]`` ``attributions.sum(-1) - delta_p``.
         onset_layers (list[int]): Onset layer per token (hidden-state index).
-        method (str), baseline (str), n_steps (int), onset_frac (float): the settings used.
-        model_name (str): What was explained.
+        method, baseline, n_steps, onset_frac, onset_rule: the settings used.
+        model_name (str): The model's name (never a local path).
         chat_template_used (bool): Whether the tokenizer's chat template wrapped the prompt.
+        rendered_prompt (str): The exact prompt text the model saw (template applied).
+        template_uses_clock (bool): The chat template writes today's date (unless pinned).
+        baseline_description (str): What the baseline is, in words.
+        is_argmax (list[bool]): Per token, whether it is the argmax of the explained forward.
+        generated (bool): The answer was generated (greedy), not given.
+        truncated (bool): Generation stopped at ``max_new_tokens`` before an end token.
+        max_new_tokens (int, optional): The generation limit.
+        units (str): ``"probability"`` or ``"log-probability"`` (nats).
+        top_k_ids (Tensor, optional): ``[T, k, K]`` the logit lens's top tokens per layer.
+        top_k_probs (Tensor, optional): ``[T, k, K]`` their probabilities.
+        top_k_tokens (list, optional): ``T x k x K`` readable top tokens.
+
+    Raises:
+        ValueError: on construction, if the shapes do not agree.
     """
 
     prompt: str
@@ -62,6 +80,34 @@ class IGLensResult:
     model_name: str = ""
     chat_template_used: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
+    onset_rule: str = "sustained"
+    rendered_prompt: str = ""
+    template_uses_clock: bool = False
+    baseline_description: str = ""
+    is_argmax: list[bool] = field(default_factory=list)
+    generated: bool = False
+    truncated: bool = False
+    max_new_tokens: Optional[int] = None
+    units: str = "probability"
+    top_k_ids: Optional[Tensor] = None
+    top_k_probs: Optional[Tensor] = None
+    top_k_tokens: Optional[list] = None
+
+    def __post_init__(self) -> None:
+        """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
+        n_tok, k = len(self.tokens), len(self.layer_indices)
+        for name in ("attributions", "lens_probs"):
+            if tuple(getattr(self, name).shape) != (n_tok, k):
+                raise ValueError(f"IGLensResult.{name} has shape "
+                                 f"{tuple(getattr(self, name).shape)}, expected {(n_tok, k)}.")
+        for name in ("p_final", "p_baseline", "convergence_delta"):
+            if tuple(getattr(self, name).shape) != (n_tok,):
+                raise ValueError(f"IGLensResult.{name} has shape "
+                                 f"{tuple(getattr(self, name).shape)}, expected ({n_tok},).")
+        for name in ("token_ids", "positions", "onset_layers"):
+            if len(getattr(self, name)) != n_tok:
+                raise ValueError(f"IGLensResult.{name} has {len(getattr(self, name))} entries "
+                                 f"for {n_tok} tokens.")
 
     @property
     def delta_p(self) -> Tensor:
@@ -70,7 +116,7 @@ class IGLensResult:
 
     @property
     def completeness_error(self) -> float:
-        """``max_t |sum_j IGL_tj - delta_p_t|`` (Invariant C), in probability units."""
+        """``max_t |sum_j IGL_tj - delta_p_t|`` (Invariant C), in the readout's units."""
         return float(self.convergence_delta.abs().max()) if self.tokens else 0.0
 
     @property
@@ -78,41 +124,87 @@ class IGLensResult:
         """``"emb"`` for index 0, ``"L<l>"`` for the output of block ``l``."""
         return layer_names(self.layer_indices)
 
+    def _token_dict(self, t: int) -> dict[str, Any]:
+        entry = {
+            "token": self.tokens[t],
+            "token_id": int(self.token_ids[t]),
+            "position": int(self.positions[t]),
+            "attributions": [float(x) for x in self.attributions[t]],
+            "lens_probs": [float(x) for x in self.lens_probs[t]],
+            "p_final": float(self.p_final[t]),
+            "p_baseline": float(self.p_baseline[t]),
+            "delta_p": float(self.delta_p[t]),
+            "sum_attributions": float(self.attributions[t].sum()),
+            "convergence_delta": float(self.convergence_delta[t]),
+            "onset_layer": int(self.onset_layers[t]),
+            "is_argmax": bool(self.is_argmax[t]) if self.is_argmax else None,
+        }
+        if self.top_k_ids is not None and self.top_k_probs is not None:
+            entry["top_k"] = [
+                [{"token_id": int(i), "p": float(p)}
+                 | ({"token": self.top_k_tokens[t][j][r]} if self.top_k_tokens else {})
+                 for r, (i, p) in enumerate(zip(self.top_k_ids[t, j], self.top_k_probs[t, j],
+                                                strict=True))]
+                for j in range(len(self.layer_indices))
+            ]
+        return entry
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: settings, ``input_ids``, and one entry per answer token."""
-        tokens = []
-        for t, token in enumerate(self.tokens):
-            tokens.append(
-                {
-                    "token": token,
-                    "token_id": int(self.token_ids[t]),
-                    "position": int(self.positions[t]),
-                    "attributions": [float(x) for x in self.attributions[t]],
-                    "lens_probs": [float(x) for x in self.lens_probs[t]],
-                    "p_final": float(self.p_final[t]),
-                    "p_baseline": float(self.p_baseline[t]),
-                    "delta_p": float(self.delta_p[t]),
-                    "sum_attributions": float(self.attributions[t].sum()),
-                    "convergence_delta": float(self.convergence_delta[t]),
-                    "onset_layer": int(self.onset_layers[t]),
-                }
-            )
         return {
             "model": self.model_name,
             "prompt": self.prompt,
+            "rendered_prompt": self.rendered_prompt,
+            "template_uses_clock": self.template_uses_clock,
             "answer": self.answer,
+            "generated": self.generated,
+            "truncated": self.truncated,
+            "max_new_tokens": self.max_new_tokens,
             "chat_template_used": self.chat_template_used,
             "prompt_length": int(self.prompt_length),
             "input_ids": [int(i) for i in self.input_ids],
             "layers": [int(i) for i in self.layer_indices],
+            "units": self.units,
             "method": self.method,
             "baseline": self.baseline,
+            "baseline_description": self.baseline_description,
             "n_steps": int(self.n_steps),
             "onset_frac": float(self.onset_frac),
-            "tokens": tokens,
+            "onset_rule": self.onset_rule,
+            "tokens": [self._token_dict(t) for t in range(len(self.tokens))],
             "completeness_max_abs_error": self.completeness_error,
             **self.extras,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IGLensResult:
+        """Rebuild a result from :meth:`to_dict` output (top-k lists are not restored).
+
+        Raises:
+            KeyError: a required field is missing.
+        """
+        tokens = data["tokens"]
+        per_token = {
+            "tokens": [t["token"] for t in tokens],
+            "token_ids": [t["token_id"] for t in tokens],
+            "positions": [t["position"] for t in tokens],
+            "onset_layers": [t["onset_layer"] for t in tokens],
+            "is_argmax": [bool(t["is_argmax"]) for t in tokens
+                          if t.get("is_argmax") is not None],
+        }
+        k = len(data["layers"])
+        tensors = {
+            "attributions": torch.tensor([t["attributions"] for t in tokens]).reshape(-1, k),
+            "lens_probs": torch.tensor([t["lens_probs"] for t in tokens]).reshape(-1, k),
+            "p_final": torch.tensor([t["p_final"] for t in tokens]),
+            "p_baseline": torch.tensor([t["p_baseline"] for t in tokens]),
+            "convergence_delta": torch.tensor([t["convergence_delta"] for t in tokens]),
+        }
+        names = {f.name for f in fields(cls)} - set(per_token) - set(tensors)
+        plain = {key: data[key] for key in names if key in data}
+        plain["model_name"] = data.get("model", "")
+        plain["layer_indices"] = data["layers"]
+        return cls(**plain, **per_token, **tensors)
 
     def to_json(self, path: Optional[str] = None, indent: int = 2) -> str:
         """Serialise :meth:`to_dict` to a JSON string, and write it to ``path`` if given."""
@@ -122,46 +214,16 @@ class IGLensResult:
                 handle.write(text + "\n")
         return text
 
-    def format_table(self, tokens_per_block: int = 5) -> str:
-        """The layer x token table as text.
+    def format_table(self, tokens_per_block: int = 4) -> str:
+        """The layer x token table as text, at most 100 columns wide, with a legend.
 
-        Per token the IG credit and the logit-lens probability at each layer, then the sum,
-        ``delta_p`` and onset layer per token.
+        Per token the IG credit and the logit-lens readout at each layer, then the sum,
+        ``delta_p``, ``p`` and the onset layer (see
+        :func:`captum_iglens.results.table.format_explanation`).
         """
-        lines: list[str] = []
-        names = self.layer_names
-        for begin in range(0, len(self.tokens), tokens_per_block):
-            cols = list(range(begin, min(begin + tokens_per_block, len(self.tokens))))
-            head = f"{'layer':>6} |" + "".join(
-                f" {shorten(repr(self.tokens[t]), 19):>19} |" for t in cols
-            )
-            sub = f"{'':>6} |" + "".join(f" {'IG':>9} {'lens p':>9} |" for _ in cols)
-            lines += [head, sub, "-" * len(head)]
-            for j, name in enumerate(names):
-                row = f"{name:>6} |"
-                for t in cols:
-                    credit, level = float(self.attributions[t, j]), float(self.lens_probs[t, j])
-                    row += f" {credit:+9.5f} {level:9.5f} |"
-                lines.append(row)
-            lines.append("-" * len(head))
-            for label, values in (
-                ("sum", [float(self.attributions[t].sum()) for t in cols]),
-                ("Δp", [float(self.delta_p[t]) for t in cols]),
-                ("p", [float(self.p_final[t]) for t in cols]),
-            ):
-                lines.append(f"{label:>6} |" + "".join(f" {v:+19.6f} |" for v in values))
-            lines.append(
-                f"{'onset':>6} |"
-                + "".join(
-                    f" {names[self.layer_indices.index(self.onset_layers[t])]:>19} |" for t in cols
-                )
-            )
-            lines.append("")
-        lines.append(
-            f"completeness: max |sum - Δp| = {self.completeness_error:.3e} "
-            f"over {len(self.tokens)} tokens ({self.method}, baseline={self.baseline})"
-        )
-        return "\n".join(lines)
+        from captum_iglens.results.table import format_explanation
+
+        return format_explanation(self, tokens_per_block)
 
     def to_captum(self) -> Any:
         """This result as a ``captum.attr.LLMAttributionResult``.

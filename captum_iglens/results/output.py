@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from torch import Tensor
 
@@ -27,6 +28,8 @@ class IGLensOutput:
         layer_indices (tuple[int, ...]): the ``k`` hidden-state indices ``L_1..L_k``.
         baseline (str): What the path started from (``"mean"``, ``"zero"``, ``"embedding"``,
             ``"tensor"`` or ``"reference ids"``).
+        model_argmax (Tensor, optional): ``[B, P]`` int64, the model's own top token at each
+            explained position (``target == model_argmax`` where the target is greedy).
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -41,6 +44,7 @@ class IGLensOutput:
     positions: list[int]
     layer_indices: tuple[int, ...]
     baseline: str = "mean"
+    model_argmax: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""

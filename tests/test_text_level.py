@@ -1,0 +1,127 @@
+"""The text level as people run it: stored generation settings, appended end tokens, chat
+templates that write the date, truncated answers, readable tokens, the table and JSON."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from tiny_families import make_family
+from tiny_tokenizer import word_tokenizer
+
+from captum_iglens import IGLensResult, explain
+from captum_iglens.prompts import render_prompt, token_labels
+
+CLOCK_TEMPLATE = (
+    "{% if date_string is not defined %}{% set date_string = strftime_now('%d %b %Y') %}"
+    "{% endif %}Today: {{ date_string }}\n{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+
+
+def _quiet_explain(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return explain(*args, **kwargs)
+
+
+@pytest.mark.parametrize("penalty", [1.3, 2.0])
+def test_stored_repetition_penalty_does_not_change_the_greedy_answer(penalty: float) -> None:
+    """A checkpoint's generation_config (e.g. repetition_penalty) must not apply: every
+    generated token is the argmax of the forward that is then attributed."""
+    model = make_family("llama", n_blocks=2)
+    tok = word_tokenizer()
+    model.generation_config.repetition_penalty = penalty
+    model.generation_config.eos_token_id = None  # run the full 24 tokens
+    result = _quiet_explain(model, tok, "w1 w2 w3 w1 w2", max_new_tokens=24,
+                            chat_template=False)
+    assert result.generated and len(result.token_ids) == 24
+    assert all(result.is_argmax), result.is_argmax
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([result.input_ids]), use_cache=False).logits[0]
+    assert logits[result.positions].argmax(-1).tolist() == result.token_ids
+    assert model.generation_config.repetition_penalty == penalty  # handed back as it was
+    # the penalty does change what generate() gives when it applies: the test can fail
+    with torch.no_grad():
+        penalised = model.generate(torch.tensor([result.input_ids[:5]]), max_new_tokens=24,
+                                   do_sample=False, pad_token_id=0)[0, 5:].tolist()
+    assert penalised != result.token_ids
+
+
+def test_appended_end_token_is_not_explained() -> None:
+    """A tokenizer with add_eos_token appends </s>: the explained prediction must follow
+    the prompt's last real token, not the end token."""
+    tok = word_tokenizer()
+    plain = render_prompt(tok, "w1 w2 w3", chat_template=False)
+    tok_eos = word_tokenizer()
+    tok_eos._tokenizer.post_processor = __import__(
+        "tokenizers.processors", fromlist=["TemplateProcessing"]).TemplateProcessing(
+        single="$A <eos>", special_tokens=[("<eos>", 2)])
+    assert tok_eos("w1 w2 w3")["input_ids"][-1] == 2  # the tokenizer really appends it
+    with_eos = render_prompt(tok_eos, "w1 w2 w3", chat_template=False)
+    assert with_eos.ids == plain.ids == [5, 6, 7]
+    model = make_family("llama")
+    result = _quiet_explain(model, tok_eos, "w1 w2 w3", target=[20], chat_template=False)
+    assert result.positions == [2] and result.input_ids == [5, 6, 7, 20]
+
+
+def test_clock_template_warns_records_and_can_be_pinned() -> None:
+    tok = word_tokenizer(chat_template=CLOCK_TEMPLATE)
+    model = make_family("llama")
+    with pytest.warns(UserWarning, match="today's date"):
+        result = explain(model, tok, "w1 w2", target=[20])
+    assert result.template_uses_clock and result.rendered_prompt.startswith("Today: ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pinned = explain(model, tok, "w1 w2", target=[20],
+                         template_kwargs={"date_string": "26 Jul 2024"})
+    assert pinned.rendered_prompt.startswith("Today: 26 Jul 2024")
+    assert not pinned.template_uses_clock
+    assert pinned.to_dict()["rendered_prompt"] == pinned.rendered_prompt
+
+
+def test_truncated_answer_is_marked() -> None:
+    model = make_family("llama")
+    tok = word_tokenizer()
+    model.generation_config.eos_token_id = None
+    result = _quiet_explain(model, tok, "w1 w2", max_new_tokens=3, chat_template=False)
+    assert result.truncated and result.max_new_tokens == 3
+    assert "answer truncated" in result.format_table()
+    assert result.to_dict()["truncated"] is True
+    given = _quiet_explain(model, tok, "w1 w2", target=[20, 21, 22], chat_template=False)
+    assert not given.truncated and not given.generated
+
+
+def test_table_fits_100_columns_prints_zeros_and_has_a_legend() -> None:
+    model = make_family("llama", n_blocks=4)
+    tok = word_tokenizer()
+    result = _quiet_explain(model, tok, "w1 w2 w3", target=[10, 11, 12, 13, 14, 15],
+                            chat_template=False)
+    result.attributions[0, 0] = -1e-9  # rounds to zero: printed "0", never "-0.00000"
+    table = result.format_table()
+    assert max(len(line) for line in table.splitlines()) <= 100
+    assert "-0.00000" not in table and "+0.00000" not in table
+    for word in ("IG:", "lens p:", "Δp:", "onset:", "sustained"):
+        assert word in table
+    assert "*" in table  # given tokens that are not the argmax are marked
+
+
+def test_partial_utf8_tokens_are_labelled_readably(smollm2) -> None:
+    _, tokenizer = smollm2
+    ids = tokenizer("🙂 ok", add_special_tokens=False)["input_ids"]
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces)  # the emoji is split into byte pieces
+    labels = token_labels(tokenizer, ids)
+    assert not any("\ufffd" in label for label in labels)
+    assert labels[0].startswith("<🙂 1/")
+
+
+def test_json_round_trip() -> None:
+    model = make_family("llama")
+    tok = word_tokenizer()
+    result = _quiet_explain(model, tok, "w1 w2", target=[20, 21], chat_template=False)
+    again = IGLensResult.from_dict(json.loads(result.to_json()))
+    assert again.token_ids == result.token_ids and again.is_argmax == result.is_argmax
+    torch.testing.assert_close(again.attributions, result.attributions)
+    assert again.format_table() == result.format_table()
