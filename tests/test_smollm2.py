@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from captum_iglens import IGLens, explain
-from captum_iglens.cli import main
 from captum_iglens.models import load_model
 
 PROMPT = "What is the capital of Vietnam?"
@@ -51,49 +48,6 @@ def test_reference_double_norm_bug_is_absent(smollm2, vietnam):
     wrong_p = wrong[vietnam.positions, vietnam.token_ids]
     assert (wrong_p - vietnam.p_final).abs().max() > 0.1
     assert torch.allclose(vietnam.lens_probs[:, -1], vietnam.p_final, atol=1e-7)
-
-
-def test_cli_json_on_smollm2(tmp_path, capsys):
-    path = tmp_path / "out.json"
-    assert main(["--k", "4", "--max-new-tokens", "6", "--json", str(path), PROMPT]) == 0
-    printed = capsys.readouterr().out
-    assert "answer:" in printed and "completeness: max |sum - Δp|" in printed
-    data = json.loads(path.read_text())
-    for key in ("answer", "prompt_length", "input_ids", "layers", "method", "baseline",
-                "tokens", "completeness_max_abs_error"):
-        assert key in data
-    assert data["layers"] == [0, 10, 20, 30]
-    assert data["completeness_max_abs_error"] <= 1e-6
-    token = data["tokens"][0]
-    assert len(token["attributions"]) == 4 and len(token["lens_probs"]) == 4
-    assert token["position"] == data["prompt_length"] - 1
-    assert data["input_ids"][token["position"] + 1] == token["token_id"]
-    assert abs(sum(token["attributions"]) - token["delta_p"]) <= 1e-6
-    assert token["onset_layer"] in data["layers"]
-
-
-@pytest.mark.parametrize(
-    "argv,needle",
-    [
-        (["--layers", "0,40", PROMPT], "out of range"),
-        (["--k", "3", "--layers", "1,2", PROMPT], "not both"),
-        (["--method", "nope", PROMPT], "invalid choice"),
-        ([""], "prompt is empty"),
-        (["--model", "/no/such/folder", PROMPT], "neither"),
-        (["--json", "/", PROMPT], "is a folder"),
-        (["--k", "0", PROMPT], "--k must be"),
-        (["--layers", "3,3", PROMPT], "twice"),
-        (["--method", "gausslegendre", "--n-steps", "1", PROMPT], "needs --n-steps"),
-        (["--plot", "heat.xyz", PROMPT], "extensions"),
-        (["compare", "--json", "/no/such/dir/x.json", PROMPT], "does not exist"),
-    ],
-)
-def test_cli_bad_arguments_give_one_line_errors(argv, needle, capsys):
-    status = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert status != 0
-    assert err[-1].startswith("iglens: error:") and needle in err[-1]
-    assert not any("Traceback" in line for line in err)
 
 
 def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):

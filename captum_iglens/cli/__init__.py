@@ -1,0 +1,200 @@
+"""The ``iglens`` command line: a router over the commands of the registry.
+
+    iglens explain "What is the capital of Vietnam?"     # or: iglens "What is ...?"
+    iglens compare --k 4 "What is the capital of Vietnam?"
+    iglens --help | --version
+
+The router parses the command line, runs every check registered by the command's option
+groups (all before the model is loaded), then calls the command's ``run``. It turns errors
+into one-line messages and exit statuses (see :data:`EXIT_STATUS_HELP`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+import textwrap
+import warnings
+from typing import Optional, Sequence
+
+from captum_iglens.cli._common import (
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    CliError,
+    Parser,
+    UsageError,
+    run_checks,
+)
+from captum_iglens.cli._options import read_prompts
+from captum_iglens.cli._registry import COMMANDS, DEFAULT_COMMAND
+
+__all__ = ["COMMANDS", "CliError", "UsageError", "build_parser", "main", "parse_args",
+           "read_prompts"]
+
+EXIT_STATUS_HELP = f"""\
+exit status:
+  0    success
+  {EXIT_RUNTIME}    runtime error: the model could not be loaded or the computation failed
+  {EXIT_USAGE}    usage error: something is wrong in the command line; found before the model
+       is loaded, except what only the model can tell (a layer index or --k beyond its
+       blocks, --token-index past the answer)
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+errors are one line 'iglens: error: ...'; IGLENS_DEBUG=1 shows a runtime error's traceback"""
+
+_SHORTHAND_HELP = f"""\
+'iglens PROMPT ...' is short for 'iglens {DEFAULT_COMMAND} PROMPT ...'. Options go after the
+command: 'iglens compare --k 4 PROMPT'. A prompt whose first word is (or looks like) a
+command name needs the command: 'iglens {DEFAULT_COMMAND} compare these two'.
+
+"""
+
+_TOP_LEVEL = ("-h", "--help", "--version")
+_NEAR_MISS_CUTOFF = 0.8
+_WIDTH = 88
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``iglens`` parser: ``--version`` and one sub-parser per registered command.
+
+    Returns:
+        ArgumentParser whose ``error`` raises :class:`UsageError`.
+    """
+    from captum_iglens import __version__
+
+    parser = Parser(
+        prog="iglens",
+        description=textwrap.fill(
+            "IG-Lens: exact additive attribution of each answer token's probability to the "
+            "decoder layers of a causal LM (arXiv:2606.29693), and its comparison with "
+            "Captum's layer methods. Runs offline on the embedded SmolLM2-135M-Instruct by "
+            "default.", _WIDTH),
+        epilog=_SHORTHAND_HELP + EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, leaf in COMMANDS.items():
+        leaf.add_arguments(commands.add_parser(
+            name, help=leaf.HELP, description=textwrap.fill(leaf.DESCRIPTION, _WIDTH),
+            epilog=EXIT_STATUS_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        ))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse and check ``argv``; nothing is loaded.
+
+    Args:
+        argv (sequence of str): The arguments after ``iglens``.
+
+    Returns:
+        The checked arguments; ``args.command`` names the command.
+
+    Raises:
+        UsageError: anything wrong in the command line (unknown or misplaced command, bad
+            option value, options that exclude each other, unwritable output path, ...).
+        SystemExit: after printing ``--help`` or ``--version`` (status 0).
+    """
+    argv = list(argv)
+    parser = build_parser()
+    if argv[:1] and (argv[0] in COMMANDS or argv[0] in _TOP_LEVEL):
+        args = parser.parse_args(argv)
+    else:
+        args = _parse_shorthand(parser, argv)
+    run_checks(args)
+    return args
+
+
+def _parse_shorthand(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``iglens PROMPT ...`` as ``iglens explain PROMPT ...``.
+
+    Raises:
+        UsageError: a mistyped command as the first word, a command name after options, or
+            any other mistake.
+    """
+    first = argv[0] if argv else ""
+    if re.fullmatch(r"[a-z][a-z-]*", first):
+        close = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=_NEAR_MISS_CUTOFF)
+        if close:
+            raise UsageError(f"unknown command {first!r}; did you mean {close[0]!r}?")
+    try:
+        args = parser.parse_args([DEFAULT_COMMAND, *argv])
+    except UsageError:
+        misplaced = next((word for word in argv if word in COMMANDS), None)
+        if misplaced is not None and _parses(parser, misplaced, argv):
+            raise _misplaced(misplaced) from None
+        raise
+    if args.prompt and args.prompt[0] in COMMANDS:
+        raise _misplaced(args.prompt[0])
+    return args
+
+
+def _parses(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> bool:
+    """Whether ``argv`` parses once ``command`` is moved to the front."""
+    rest = list(argv)
+    rest.remove(command)
+    try:
+        parser.parse_args([command, *rest])
+    except UsageError:
+        return False
+    return True
+
+
+def _misplaced(command: str) -> UsageError:
+    return UsageError(
+        f"put the command first: 'iglens {command} [options] PROMPT' (options before "
+        f"{command!r} are not allowed)"
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``iglens`` console script and of ``python -m captum_iglens``.
+
+    Args:
+        argv (sequence of str, optional): The arguments after ``iglens``. Default: None
+            (``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 success, 1 runtime error, 2 usage error, 130 interrupted.
+
+    Raises:
+        Exception: a runtime error, only when the environment sets ``IGLENS_DEBUG``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        try:
+            try:
+                args = parse_args(argv)
+            except SystemExit as done:  # --help, --version
+                return done.code if isinstance(done.code, int) else 0
+            return COMMANDS[args.command].run(args)
+        except UsageError as err:
+            print(f"iglens: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print("iglens: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except Exception as err:
+            if os.environ.get("IGLENS_DEBUG"):
+                raise
+            print(f"iglens: error: {_one_line(err)}", file=sys.stderr)
+            return EXIT_RUNTIME
+
+
+def _one_line(err: Exception) -> str:
+    """The first line of ``err``; its type too when it is not an everyday error."""
+    message = str(err).splitlines()[0] if str(err) else ""
+    expected = (ValueError, TypeError, OSError, RuntimeError, ArithmeticError)
+    if not isinstance(err, expected):
+        message = f"{type(err).__name__}: {message} (IGLENS_DEBUG=1 shows the traceback)"
+    return message or type(err).__name__
+
+
+def _one_line_warning(message: Warning | str, category: type, *_: object, **__: object) -> None:
+    print(f"iglens: warning: {message}", file=sys.stderr)

@@ -1,0 +1,145 @@
+"""``iglens explain``: prompt in, answer out, IG-Lens token x layer table.
+
+Examples::
+
+    iglens explain "What is the capital of Vietnam?"
+    iglens "What is the capital of Vietnam?"            # the same: explain is the default
+    iglens explain --k 6 --json out.json "Name a prime number."
+    echo "Why is the sky blue?" | iglens explain --stdin
+    iglens explain --prompts-file prompts.txt           # one prompt per line, one report each
+    iglens explain --target " Paris" "The capital of France is"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from captum_iglens.cli import _options as opts
+from captum_iglens.cli._common import UsageError, load, write_json
+
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+
+HELP = "explain each answer token of a prompt, layer by layer (the default command)"
+DESCRIPTION = (
+    "IG-Lens: exact additive attribution of each answer token's probability to the decoder "
+    "layers of a causal LM (arXiv:2606.29693). Runs offline on the embedded "
+    "SmolLM2-135M-Instruct by default."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``iglens explain`` (and of the ``iglens PROMPT`` shorthand)."""
+    opts.add_prompt_options(parser, sources=True)
+    opts.add_model_options(parser)
+    opts.add_layer_options(parser)
+    opts.add_estimator_options(parser)
+    parser.add_argument("--onset-frac", type=_fraction, default=0.5,
+                        help="mass fraction for the onset layer (default: 0.5)")
+    opts.add_generation_options(parser)
+    opts.add_output_options(
+        parser,
+        json_help="write the results as JSON to this path (a list for several prompts)",
+        plot_help="write the token x layer heatmap and logit-lens trajectory (PNG, PDF, SVG) "
+        "to this path; several prompts get PATH-<i>",
+    )
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise UsageError(f"--onset-frac must be in (0, 1], got {text}")
+    return value
+
+
+_fraction.__name__ = "float"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Explain ``args.prompts`` (or prompts read with ``--loop``) and print one report each.
+
+    Args:
+        args (Namespace): Arguments parsed and checked by the router.
+
+    Returns:
+        0
+
+    Raises:
+        UsageError: ``--layers`` / ``--k`` beyond the loaded model's blocks.
+        Exception: loading or computation errors (exit status 1).
+    """
+    from captum_iglens import resolve_decoder_blocks
+
+    model, tokenizer = load(args.model)
+    layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    results: list[Any] = []
+    explain_one = _explainer(args, model, tokenizer, layers)
+    for prompt in _loop_prompts() if args.loop else args.prompts:
+        results.append(explain_one(prompt))
+    if args.json_path and not results:
+        print(f"no prompt was explained: {args.json_path} not written", file=sys.stderr)
+    elif args.json_path:
+        dicts = [result.to_dict() for result in results]
+        write_json(args.json_path, dicts[0] if len(dicts) == 1 else dicts)
+    if args.plot_path and results:
+        _write_plots(results, args.plot_path)
+    return 0
+
+
+def _explainer(
+    args: argparse.Namespace, model: Any, tokenizer: Any, layers: Any
+) -> Callable[[str], Any]:
+    """A function that explains one prompt with the options of ``args`` and prints it."""
+    from captum_iglens.text import explain
+
+    def explain_one(prompt: str) -> Any:
+        result = explain(
+            model,
+            tokenizer,
+            prompt,
+            max_new_tokens=args.max_new_tokens,
+            layers=layers,
+            method=args.method,
+            n_steps=args.n_steps,
+            baselines=args.baseline,
+            onset_frac=args.onset_frac,
+            internal_batch_size=args.internal_batch_size,
+            chat_template=not args.no_chat_template,
+            target=args.target,
+        )
+        print(f"prompt: {prompt}")
+        if not result.chat_template_used:
+            print("(no chat template: the raw prompt was used)")
+        print(f"answer: {result.answer}")
+        if args.target is not None:
+            print(f"target token ids: {result.token_ids}")
+        print(result.format_table())
+        print()
+        return result
+
+    return explain_one
+
+
+def _loop_prompts() -> Any:
+    """``--loop``: prompts typed at ``prompt>`` until an empty line or end of input."""
+    while True:
+        try:
+            prompt = input("prompt> ").strip()
+        except EOFError:
+            return
+        if not prompt:
+            return
+        yield prompt
+
+
+def _write_plots(results: list[Any], path: str) -> None:
+    """``--plot``: one figure per result (``stem-<i>.ext`` when there are several)."""
+    target = Path(path)
+    for i, result in enumerate(results):
+        out = target
+        if len(results) > 1:
+            out = target.with_name(f"{target.stem}-{i}{target.suffix}")
+        result.plot(str(out))
+        print(f"wrote {out}", file=sys.stderr)
