@@ -1,0 +1,397 @@
+"""Test tolerances that follow from floating-point arithmetic, not from one machine's output.
+
+Two float32 computations of the same quantity in different orders (another chunk size,
+batch shape, BLAS kernel or thread count) differ by rounding only, and rounding is bounded
+by the size of what is computed. ``u = eps / 2`` is the unit roundoff (float32:
+``eps = 2**-23 ~ 1.19e-7``).
+
+* A sum of ``n`` terms ``t_i``, in any order, has error ``<= (n - 1) u sum|t_i|`` (Higham,
+  *Accuracy and Stability of Numerical Algorithms*, 2nd ed., section 4.2). Used as it is for
+  short sums: the ``k`` credits of a completeness check (:func:`completeness_tol`).
+* Long dot products (hidden size, MLP width) run in blocked / pairwise BLAS kernels whose
+  rounding errors are independent in practice; their error is then ``~ sqrt(n) u sum|t_i|``
+  (Higham and Mary, "A new approach to probabilistic rounding error analysis", SIAM J. Sci.
+  Comput. 41(5), 2019). :func:`f32_tol` uses ``eps sqrt(n) sum|t_i|``: ``sqrt(n)`` covers
+  ``log2(n)`` plus the block length of pairwise kernels too, and ``eps = 2u`` gives a factor
+  2 for the terms a first-order analysis drops.
+* A forward pass composes such dot products with pointwise ops. To first order its float32
+  result is the exact result for weights and intermediate values each perturbed by a
+  relative amount ``<= sqrt(n) u`` (backward error), so its error is at most
+  ``sqrt(n) u S`` with the sensitivity ``S = sum |x * dy/dx|`` over every weight and
+  intermediate value ``x`` of the computation (:func:`sensitivity`): the "sum of |terms|"
+  of the whole computation, carried to the output.
+
+Comparing two float32 evaluations, pass both magnitudes: each is within its own bound of the
+exact value. The softmax normaliser sums ``V`` positive terms (relative error
+``<= log2(V) u`` in a pairwise sum, below the ``sqrt(n)`` of the dot products here).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+EPS32 = torch.finfo(torch.float32).eps  # 2**-23 ~ 1.19e-7
+
+Number = Union[float, Tensor]
+
+
+def f32_tol(*magnitudes: Number, n_terms: int = 1, eps: float = EPS32) -> Number:
+    """``eps * sqrt(n_terms) * sum(|magnitudes|)``: the rounding bound of float32 results.
+
+    Args:
+        magnitudes: the "sum of |terms|" of each computation being compared (floats or
+            tensors that broadcast together), e.g. :func:`sensitivity` of both results.
+        n_terms: length of the longest dot product / sum inside the computation (1 for
+            a single rounding).
+        eps: machine epsilon of the dtype the computation rounds in (default float32).
+
+    Returns a float or a tensor of the broadcast shape.
+    """
+    total: Number = 0.0
+    for mag in magnitudes:
+        total = total + (mag.detach().double().abs() if isinstance(mag, Tensor) else abs(mag))
+    return eps * math.sqrt(max(n_terms, 1)) * total
+
+
+def completeness_tol(attributions: Tensor, delta_p: Tensor) -> Tensor:
+    """Rigorous bound on ``|attributions.sum(-1) - delta_p|`` for prediction-aware credits.
+
+    The credits are endpoint differences of probabilities taken in float64 (exact for
+    float32 inputs) and rounded once to the output dtype (``<= u |c_j|``); torch sums the
+    ``k`` of them in the output dtype in an order that depends on the CPU's vector width
+    (``<= (k - 1) u sum|c_j|``); ``delta_p = p_final - p_baseline`` is rounded once
+    (``<= u |delta_p|``). Hence ``|delta| <= u (k sum|c_j| + |delta_p|)`` (plus ``O(u^2)``).
+
+    Note that this exceeds 1e-6 in float32 once ``k sum|c_j| > ~17`` (30 layers with
+    ``sum|c_j| > 0.56``): the sum of 30 float32 credits cannot promise 1e-6 by itself.
+
+    Returns the bound per explained prediction (the shape of ``delta_p``), float64.
+    """
+    u = torch.finfo(attributions.dtype).eps / 2
+    k = attributions.shape[-1]
+    mags = k * attributions.detach().double().abs().sum(-1)
+    return u * (mags + delta_p.detach().double().abs())
+
+
+def reduction_length(module: nn.Module) -> int:
+    """The longest dot product of ``module``: the largest input width of its linear maps
+    (``nn.Linear``, transformers' ``Conv1D``, ``nn.Embedding`` rows count 1)."""
+    longest = 1
+    for sub in module.modules():
+        weight = getattr(sub, "weight", None)
+        if not isinstance(weight, Tensor) or weight.dim() != 2 or isinstance(sub, nn.Embedding):
+            continue
+        # nn.Linear stores [out, in]; transformers' Conv1D stores [in, out] and has nf.
+        longest = max(longest, weight.shape[0] if hasattr(sub, "nf") else weight.shape[1])
+    return longest
+
+
+@contextmanager
+def _recorded_activations(module: nn.Module) -> Iterator[dict[int, Tensor]]:
+    """Record every grad-carrying tensor entering or leaving a leaf module of ``module``
+    (by id: a block's output is the next block's input)."""
+    acts: dict[int, Tensor] = {}
+
+    def keep(tensors: Iterable[object]) -> None:
+        for t in tensors:
+            if isinstance(t, Tensor) and t.is_floating_point() and t.requires_grad:
+                acts[id(t)] = t
+
+    def hook(_m: nn.Module, args: tuple, output: object) -> None:
+        keep(args)
+        keep(output if isinstance(output, (tuple, list)) else (output,))
+
+    leaves = [m for m in module.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        yield acts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def _differentiable_eval(module: nn.Module) -> Iterator[list[Tensor]]:
+    """``module`` in eval mode with every floating-point parameter requiring grad; modes
+    and ``requires_grad`` flags are restored on exit. Yields the parameters."""
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    flags = [p.requires_grad for p in params]
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            yield params
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
+        for m, mode in modes:
+            m.training = mode
+
+
+def sensitivity(
+    module: nn.Module,
+    fn: Callable[[], Tensor],
+    inputs: Iterable[Tensor] = (),
+) -> Tensor:
+    """``S_i = |y_i| + sum |x * dy_i/dx|`` for each output ``y_i`` of ``fn()``.
+
+    ``x`` runs over every floating-point parameter of ``module``, every tensor entering or
+    leaving one of its leaf modules during ``fn()`` (norm outputs, logits, projections,
+    attention outputs, the residual stream fed to each norm) and the given ``inputs``
+    (which must require grad). This is the first-order effect of perturbing each of them by
+    a relative amount 1: multiplied by the relative rounding ``eps sqrt(n)`` of
+    :func:`f32_tol` it bounds the rounding error of ``y_i``. Parameter gradients are
+    computed with ``torch.autograd.grad``: ``.grad`` is never touched.
+
+    ``module`` runs in eval mode with gradients enabled; its modes and ``requires_grad``
+    flags are restored. Returns ``[N]`` float64 for the ``N`` elements of ``fn()``.
+    """
+    with _differentiable_eval(module) as params, _recorded_activations(module) as acts:
+        out = fn().reshape(-1)
+        wrt = params + list(acts.values()) + list(inputs)
+        total = out.detach().double().abs()
+        # One backward pass per output, batched (vmap over rows of the identity) in groups
+        # that keep the per-output gradients of everything in ``wrt`` under ~256 MB.
+        size = sum(x.numel() for x in wrt)
+        eye = torch.eye(out.numel(), dtype=out.dtype, device=out.device)
+        start = 0
+        for rows in eye.split(max(1, (1 << 26) // max(size, 1))):
+            grads = torch.autograd.grad(out, wrt, grad_outputs=rows, is_grads_batched=True,
+                                        retain_graph=True, allow_unused=True)
+            for x, g in zip(wrt, grads, strict=True):
+                if g is not None:
+                    total[start:start + len(rows)] += (
+                        (x.detach() * g).abs().flatten(1).sum(1).double())
+            start += len(rows)
+    return total
+
+
+def _target_probs(logits: Tensor, target: Optional[Tensor]) -> Tensor:
+    """``softmax(logits)`` at ``target`` (all of it for ``target=None``), as IG-Lens takes it:
+    a float32 (or float64) log-softmax, exponentiated."""
+    log_probs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                  dim=-1)
+    if target is None:
+        return log_probs.exp()
+    return log_probs.gather(-1, target[..., None].to(log_probs.device))[..., 0].exp()
+
+
+def readout_sensitivity(readout: nn.Module, hidden: Tensor,
+                        target: Optional[Tensor] = None) -> Tensor:
+    """:func:`sensitivity` of ``f = softmax(readout(hidden))[target]`` over the readout alone
+    (final norm, head and their inputs and outputs), for pre-final-norm residuals
+    ``hidden [..., d]``. The bound for two readouts of the *same* residual: another row
+    count or chunk, or the model's own final norm and head in a forward pass of the same
+    shapes. Shape of ``target`` (``hidden.shape[:-1] + (V,)`` for ``target=None``)."""
+    hidden = hidden.detach()
+    sens = sensitivity(readout, lambda: _target_probs(readout(hidden), target))
+    shape = target.shape if target is not None else None
+    return sens.view(shape) if shape is not None else sens.view(*hidden.shape[:-1], -1)
+
+
+def _forward_kwargs(model: nn.Module, mask: Optional[Tensor]) -> dict:
+    """The forward arguments IG-Lens passes: no cache; the mask and, for models that take
+    them, position ids derived from it (left padding)."""
+    kwargs: dict = {"use_cache": False}
+    if mask is not None:
+        kwargs["attention_mask"] = mask
+        if "position_ids" in inspect.signature(model.forward).parameters:
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return kwargs
+
+
+def _residuals(lens: object, inputs: Tensor, indices: set[int],
+               mask: Optional[Tensor]) -> dict[int, Tensor]:
+    """``{l: h_l [B, S, d]}`` from one forward pass (in the graph when gradients are on):
+    ``h_0`` is the input of the first block, ``h_l`` the output of block ``l``."""
+    model, blocks = lens.model, lens.decoder_blocks
+    states: dict[int, Tensor] = {}
+
+    def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        states[0] = args[0] if args else kwargs["hidden_states"]
+
+    def make_hook(index: int) -> Callable:
+        def hook(_m: nn.Module, _a: tuple, output: object) -> None:
+            states[index] = output if isinstance(output, Tensor) else output[0]
+        return hook
+
+    handles = [blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)] if 0 in indices \
+        else []
+    handles += [blocks[i - 1].register_forward_hook(make_hook(i)) for i in indices if i > 0]
+    try:
+        model(inputs, **_forward_kwargs(model, mask))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return states
+
+
+def _nodes(lens: object, inputs: Tensor, positions: list[int],
+           baselines: Union[str, Tensor], mask: Optional[Tensor]) -> Tensor:
+    """``[b, h_{L_1}, ..., h_{L_k}]`` at ``positions``: ``[B, P, k + 1, d]``, with the
+    baseline built as IG-Lens builds it (captum_iglens.baselines): "zero", "embedding"
+    (``h_0`` there), "mean" (masked mean of ``h_1`` over positions), reference token ids
+    (their ``h_n`` there) or a residual-space tensor."""
+    from captum_iglens.baselines import MEAN_BASELINE_LAYER
+
+    indices = list(lens.layer_indices)
+    last = len(lens.decoder_blocks)
+    pos = [p % inputs.shape[1] for p in positions]
+    states = _residuals(lens, inputs, set(indices) | {0, MEAN_BASELINE_LAYER}, mask)
+    hidden = torch.stack([states[i][:, pos] for i in indices], dim=2)  # [B, P, k, d]
+    if isinstance(baselines, Tensor) and not baselines.is_floating_point():
+        base = _residuals(lens, baselines, {last}, mask)[last][:, pos]
+    elif isinstance(baselines, Tensor):
+        base = baselines.to(hidden.dtype)
+        base = base[:, None] if base.dim() == 2 else base
+        base = base[:, pos] if base.dim() == 3 and base.shape[1] == inputs.shape[1] else base
+        base = base.expand_as(hidden[:, :, 0])
+    elif baselines == "zero":
+        base = torch.zeros_like(hidden[:, :, 0])
+    elif baselines == "embedding":
+        base = states[0][:, pos]
+    else:
+        first = states[MEAN_BASELINE_LAYER]
+        weights = (torch.ones(first.shape[:2], dtype=first.dtype) if mask is None
+                   else mask.to(first.dtype))[..., None]
+        mean = (first * weights).sum(1) / weights.sum(1).clamp(min=1)
+        base = mean[:, None].expand_as(hidden[:, :, 0])
+    return torch.cat([base[:, :, None], hidden], dim=2)
+
+
+def lens_nodes(lens: object, inputs: Tensor, positions: list[int],
+               baselines: Union[str, Tensor] = "mean", mask: Optional[Tensor] = None) -> Tensor:
+    """The path nodes ``[b, h_{L_1}, ..., h_{L_k}]`` of ``lens`` (an ``IGLens``) at
+    ``positions``: ``[B, P, k + 1, d]``, detached, from an eval-mode forward pass."""
+    modes = [(m, m.training) for m in lens.model.modules()]
+    lens.model.eval()
+    try:
+        with torch.no_grad():
+            return _nodes(lens, inputs, positions, baselines, mask)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def node_sensitivity(
+    lens: object,
+    inputs: Tensor,
+    positions: list[int],
+    target: Tensor,
+    baselines: Union[str, Tensor] = "mean",
+    mask: Optional[Tensor] = None,
+) -> Tensor:
+    """:func:`sensitivity` of the readout ``f`` at every path node over the *whole model*:
+    the bound for two forward passes that run in different orders (a left-padded batch
+    against its rows one at a time). ``[B, P, k + 1]``."""
+    batch = inputs.shape[0]
+    tgt = torch.as_tensor(target).expand(batch, len(positions))
+
+    def forward() -> Tensor:
+        nodes = _nodes(lens, inputs, positions, baselines, mask)
+        return _target_probs(lens.readout(nodes), tgt[:, :, None].expand(nodes.shape[:3]))
+
+    sens = sensitivity(lens.model, forward)
+    return sens.view(batch, len(positions), len(lens.layer_indices) + 1)
+
+
+def credit_sensitivity(nodes: Tensor) -> Tensor:
+    """Sensitivity ``[..., k]`` of the prediction-aware credits ``f(node_j) - f(node_{j-1})``
+    from node sensitivities ``[..., k + 1]``."""
+    return nodes[..., 1:] + nodes[..., :-1]
+
+
+def _segment_points(nodes: Tensor, method: str, n_steps: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Captum's quadrature for ``method``: points ``[..., k, n_steps, d]``, the segment
+    vectors ``[..., k, 1, d]`` and the step weights ``[n_steps]`` (float64)."""
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    step_sizes, alphas = approximation_parameters(method)
+    alpha = torch.tensor(alphas(n_steps), dtype=nodes.dtype)
+    weights = torch.tensor(step_sizes(n_steps), dtype=torch.float64)
+    start, diff = nodes[..., :-1, None, :], (nodes[..., 1:, :] - nodes[..., :-1, :])[..., None, :]
+    return start + alpha[:, None] * diff, diff, weights
+
+
+def gradient_credit_sensitivity(readout: nn.Module, nodes: Tensor, target: Tensor,
+                                method: str, n_steps: int) -> Tensor:
+    """First-order rounding magnitude ``[..., k]`` of a gradient estimator's credits
+    ``sum_s w_s grad f(x_s) . (h_j - h_{j-1})`` for path ``nodes [..., k + 1, d]``:
+    ``sum_s |w_s| S_s`` with ``S_s`` the :func:`sensitivity` of the directional derivative
+    at each quadrature point (forward pass, backward pass and the final dot product; the
+    segment vector counts as an input). Two backward passes per point: for small readouts.
+    """
+    points, diff, weights = _segment_points(nodes.detach(), method, n_steps)
+    diffs = diff.expand_as(points).reshape(-1, points.shape[-1]).clone().requires_grad_(True)
+    flat = points.reshape(-1, points.shape[-1])
+    tgt = target[..., None, None].expand(points.shape[:-1]).reshape(-1)
+
+    def directional() -> Tensor:
+        x = flat.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(_target_probs(readout(x), tgt).sum(), x,
+                                      create_graph=True)
+        return (grad * diffs).sum(-1)
+
+    sens = sensitivity(readout, directional, inputs=[diffs]).view(points.shape[:-1])
+    return (sens * weights.abs()).sum(-1)
+
+
+def rmsnorm_head_gradient_magnitude(readout: nn.Module, nodes: Tensor, target: Tensor,
+                                    method: str, n_steps: int) -> Tensor:
+    """:func:`gradient_credit_sensitivity` written out for an RMSNorm + bias-free linear
+    head (Llama, SmolLM2), in float64 and without double backward (fast on a 49k-token
+    vocabulary). ``[..., k]``.
+
+    At a point ``x`` with segment vector ``d`` and ``r = sqrt(mean(x^2) + eps)``,
+    ``n = g x / r`` (norm weight ``g``), ``z = W n``, ``p = softmax(z)``, the directional
+    derivative is ``f' = p_y (z'_y - sum_v p_v z'_v)`` with ``z' = W n'`` and
+    ``n' = g / r (d - x/r (x/r . d) / D)``. Every sum it is made of is bounded by the same
+    sum of absolute values: ``A = |W| |n'|abs`` for ``z'`` (the backward pass sums the same
+    products ``W_vi g_v n'_i`` in the other order), ``Z = |W| |n|`` for the logits, whose
+    errors move ``p`` and hence ``f'`` by ``|f'|abs (Z_y + sum p Z)``, and ``|grad x| . |d|``
+    for the final dot product::
+
+        S = p_y (A_y + sum_v p_v A_v) + p_y (|z'_y| + sum_v p_v |z'_v|) (Z_y + sum_v p_v Z_v)
+            + sum_i |grad_i d_i|
+    """
+    norm, head = readout.final_norm, readout.unembed
+    gamma = norm.weight.detach().double()
+    eps_norm = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    w = head.weight.detach().double()
+    w_abs = w.abs()
+    points, diff, weights = _segment_points(nodes.detach().double(), method, n_steps)
+    d = diff.expand_as(points)
+    dim = points.shape[-1]
+    r = torch.sqrt((points * points).mean(-1, keepdim=True) + eps_norm)
+    xh = points / r
+    n = gamma * xh
+    nd = gamma / r * (d - xh * (xh * d).sum(-1, keepdim=True) / dim)
+    nd_abs = gamma.abs() / r * (d.abs() + xh.abs() * (xh * d).abs().sum(-1, keepdim=True) / dim)
+    z = n @ w.T
+    p = torch.softmax(z, -1)
+    zd = nd @ w.T
+    a_mag = nd_abs @ w_abs.T
+    z_mag = n.abs() @ w_abs.T
+    y = target.to(torch.long)[..., None, None, None].expand(*points.shape[:-1], 1)
+    p_y = p.gather(-1, y)[..., 0]
+
+    def at_y_plus_mean(t: Tensor) -> Tensor:
+        return t.gather(-1, y)[..., 0] + (p * t).sum(-1)
+
+    # gradient of f at x: (g u - x/r (x/r . g u) / D) / r with u = W^T p_y (e_y - p)
+    g_z = -p_y[..., None] * p
+    g_z = g_z.scatter_add(-1, y, p_y[..., None])
+    gu = gamma * (g_z @ w)
+    grad = (gu - xh * (xh * gu).sum(-1, keepdim=True) / dim) / r
+    mag = (p_y * at_y_plus_mean(a_mag)
+           + p_y * at_y_plus_mean(zd.abs()) * at_y_plus_mean(z_mag)
+           + (grad * d).abs().sum(-1))
+    return (mag * weights.abs()).sum(-1)
