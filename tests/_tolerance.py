@@ -311,87 +311,93 @@ def credit_sensitivity(nodes: Tensor) -> Tensor:
 
 def _segment_points(nodes: Tensor, method: str, n_steps: int) -> tuple[Tensor, Tensor, Tensor]:
     """Captum's quadrature for ``method``: points ``[..., k, n_steps, d]``, the segment
-    vectors ``[..., k, 1, d]`` and the step weights ``[n_steps]`` (float64)."""
+    vectors ``[..., k, n_steps, d]`` and the step weights ``[n_steps]`` (float64)."""
     from captum.attr._utils.approximation_methods import approximation_parameters
 
     step_sizes, alphas = approximation_parameters(method)
     alpha = torch.tensor(alphas(n_steps), dtype=nodes.dtype)
     weights = torch.tensor(step_sizes(n_steps), dtype=torch.float64)
     start, diff = nodes[..., :-1, None, :], (nodes[..., 1:, :] - nodes[..., :-1, :])[..., None, :]
-    return start + alpha[:, None] * diff, diff, weights
+    points = start + alpha[:, None] * diff
+    return points, diff.expand_as(points), weights
 
 
-def gradient_credit_sensitivity(readout: nn.Module, nodes: Tensor, target: Tensor,
-                                method: str, n_steps: int) -> Tensor:
-    """First-order rounding magnitude ``[..., k]`` of a gradient estimator's credits
-    ``sum_s w_s grad f(x_s) . (h_j - h_{j-1})`` for path ``nodes [..., k + 1, d]``:
-    ``sum_s |w_s| S_s`` with ``S_s`` the :func:`sensitivity` of the directional derivative
-    at each quadrature point (forward pass, backward pass and the final dot product; the
-    segment vector counts as an input). Two backward passes per point: for small readouts.
-    """
-    points, diff, weights = _segment_points(nodes.detach(), method, n_steps)
-    diffs = diff.expand_as(points).reshape(-1, points.shape[-1]).clone().requires_grad_(True)
-    flat = points.reshape(-1, points.shape[-1])
-    tgt = target[..., None, None].expand(points.shape[:-1]).reshape(-1)
+def _norm_terms(norm: nn.Module, x: Tensor, d: Tensor) -> tuple[Tensor, ...]:
+    """For a final norm at points ``x`` and directions ``d`` (float64): the output ``n``, its
+    directional derivative ``n'``, their sums of absolute terms, and the map ``v -> J^T v``
+    (the backward pass). LayerNorm (``g (x - mean) / s + b``) or a Llama-style RMSNorm
+    (``g x / r``)."""
+    gamma = norm.weight.detach().double()
+    dim = x.shape[-1]
+    if isinstance(norm, nn.LayerNorm):
+        beta = norm.bias.detach().double() if norm.bias is not None else torch.zeros_like(gamma)
+        mu = x.mean(-1, keepdim=True)
+        c, dc = x - mu, d - d.mean(-1, keepdim=True)
+        scale = torch.sqrt((c * c).mean(-1, keepdim=True) + norm.eps)
+        x_abs = (x.abs() + mu.abs()) / scale  # x - mean rounds relative to |x| + |mean|
+        d_abs = d.abs() + d.mean(-1, keepdim=True).abs()
+    elif type(norm).__name__.endswith("RMSNorm") and "Gemma" not in type(norm).__name__:
+        beta = torch.zeros_like(gamma)
+        c, dc = x, d
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0))
+        scale = torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+        x_abs, d_abs = x.abs() / scale, d.abs()
+    else:
+        raise NotImplementedError(f"no closed form for {type(norm).__name__}")
+    xh = c / scale
+    n = gamma * xh + beta
+    nd = gamma / scale * (dc - xh * (xh * dc).sum(-1, keepdim=True) / dim)
+    n_abs = gamma.abs() * x_abs + beta.abs()
+    nd_abs = gamma.abs() / scale * (d_abs + xh.abs() * (xh * dc).abs().sum(-1, keepdim=True) / dim)
 
-    def directional() -> Tensor:
-        x = flat.clone().requires_grad_(True)
-        (grad,) = torch.autograd.grad(_target_probs(readout(x), tgt).sum(), x,
-                                      create_graph=True)
-        return (grad * diffs).sum(-1)
+    def backward(v: Tensor) -> Tensor:
+        gv = gamma * v
+        if isinstance(norm, nn.LayerNorm):
+            gv = gv - gv.mean(-1, keepdim=True)
+        return (gv - xh * (xh * gamma * v).sum(-1, keepdim=True) / dim) / scale
 
-    sens = sensitivity(readout, directional, inputs=[diffs]).view(points.shape[:-1])
-    return (sens * weights.abs()).sum(-1)
+    return n, nd, n_abs, nd_abs, backward
 
 
-def rmsnorm_head_gradient_magnitude(readout: nn.Module, nodes: Tensor, target: Tensor,
-                                    method: str, n_steps: int) -> Tensor:
-    """:func:`gradient_credit_sensitivity` written out for an RMSNorm + bias-free linear
-    head (Llama, SmolLM2), in float64 and without double backward (fast on a 49k-token
-    vocabulary). ``[..., k]``.
+def head_gradient_magnitude(readout: nn.Module, nodes: Tensor, target: Tensor, method: str,
+                            n_steps: int) -> Tensor:
+    """Sum of |terms| of a gradient estimator's credits, ``[..., k]``, for path ``nodes
+    [..., k + 1, d]`` and a readout made of a final norm (LayerNorm or Llama RMSNorm) and a
+    linear head (Llama, SmolLM2, GPT-2, GPT-NeoX), in float64.
 
-    At a point ``x`` with segment vector ``d`` and ``r = sqrt(mean(x^2) + eps)``,
-    ``n = g x / r`` (norm weight ``g``), ``z = W n``, ``p = softmax(z)``, the directional
-    derivative is ``f' = p_y (z'_y - sum_v p_v z'_v)`` with ``z' = W n'`` and
-    ``n' = g / r (d - x/r (x/r . d) / D)``. Every sum it is made of is bounded by the same
-    sum of absolute values: ``A = |W| |n'|abs`` for ``z'`` (the backward pass sums the same
-    products ``W_vi g_v n'_i`` in the other order), ``Z = |W| |n|`` for the logits, whose
-    errors move ``p`` and hence ``f'`` by ``|f'|abs (Z_y + sum p Z)``, and ``|grad x| . |d|``
-    for the final dot product::
+    A credit is ``sum_s w_s f'(x_s)`` over Captum's quadrature points ``x_s`` of its
+    segment, with the directional derivative ``f' = grad f . d`` along the segment vector
+    ``d``. With ``n`` the norm's output, ``z = W n + b``, ``p = softmax(z)`` and
+    ``z' = W n'``, ``f' = p_y (z'_y - sum_v p_v z'_v)``. Every sum in it is bounded by the
+    same sum of absolute values, whichever order forward and backward pass take: ``A = |W|
+    |n'|abs`` for ``z'``, ``Z = |W| |n|abs + |b|`` for the logits (whose errors move ``p``,
+    hence ``f'`` by ``|f'|abs (Z_y + sum p Z)``), and ``|grad f| . |d|`` for the last dot
+    product; ``|n|abs``, ``|n'|abs`` carry the norm's own sums (mean, variance). Per point::
 
         S = p_y (A_y + sum_v p_v A_v) + p_y (|z'_y| + sum_v p_v |z'_v|) (Z_y + sum_v p_v Z_v)
             + sum_i |grad_i d_i|
+
+    and the credit's magnitude is ``sum_s |w_s| S_s``. (:func:`sensitivity` gives the same
+    to within a factor 1.5 through double backward, at 100 times the cost.)
     """
-    norm, head = readout.final_norm, readout.unembed
-    gamma = norm.weight.detach().double()
-    eps_norm = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    if list(getattr(readout, "pre_unembed", [])) or getattr(readout, "logit_transform", None):
+        raise NotImplementedError("a readout with projections or a logit transform")
+    head = readout.unembed
     w = head.weight.detach().double()
-    w_abs = w.abs()
-    points, diff, weights = _segment_points(nodes.detach().double(), method, n_steps)
-    d = diff.expand_as(points)
-    dim = points.shape[-1]
-    r = torch.sqrt((points * points).mean(-1, keepdim=True) + eps_norm)
-    xh = points / r
-    n = gamma * xh
-    nd = gamma / r * (d - xh * (xh * d).sum(-1, keepdim=True) / dim)
-    nd_abs = gamma.abs() / r * (d.abs() + xh.abs() * (xh * d).abs().sum(-1, keepdim=True) / dim)
-    z = n @ w.T
-    p = torch.softmax(z, -1)
-    zd = nd @ w.T
-    a_mag = nd_abs @ w_abs.T
-    z_mag = n.abs() @ w_abs.T
+    bias = head.bias.detach().double().abs() if head.bias is not None else 0.0
+    points, d, weights = _segment_points(nodes.detach().double(), method, n_steps)
+    n, nd, n_abs, nd_abs, backward = _norm_terms(readout.final_norm, points, d)
+    p = torch.softmax(n @ w.T + (head.bias.detach().double() if head.bias is not None else 0),
+                      -1)
     y = target.to(torch.long)[..., None, None, None].expand(*points.shape[:-1], 1)
     p_y = p.gather(-1, y)[..., 0]
 
     def at_y_plus_mean(t: Tensor) -> Tensor:
         return t.gather(-1, y)[..., 0] + (p * t).sum(-1)
 
-    # gradient of f at x: (g u - x/r (x/r . g u) / D) / r with u = W^T p_y (e_y - p)
-    g_z = -p_y[..., None] * p
-    g_z = g_z.scatter_add(-1, y, p_y[..., None])
-    gu = gamma * (g_z @ w)
-    grad = (gu - xh * (xh * gu).sum(-1, keepdim=True) / dim) / r
-    mag = (p_y * at_y_plus_mean(a_mag)
-           + p_y * at_y_plus_mean(zd.abs()) * at_y_plus_mean(z_mag)
+    g_z = (-p_y[..., None] * p).scatter_add(-1, y, p_y[..., None])  # d p_y / d z
+    grad = backward(g_z @ w)
+    mag = (p_y * at_y_plus_mean(nd_abs @ w.abs().T)
+           + p_y * at_y_plus_mean((nd @ w.T).abs()) * at_y_plus_mean(n_abs @ w.abs().T + bias)
            + (grad * d).abs().sum(-1))
     return (mag * weights.abs()).sum(-1)

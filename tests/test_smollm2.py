@@ -10,9 +10,9 @@ from _tolerance import (
     completeness_tol,
     credit_sensitivity,
     f32_tol,
+    head_gradient_magnitude,
     lens_nodes,
     readout_sensitivity,
-    rmsnorm_head_gradient_magnitude,
 )
 
 from captum_iglens import IGLens, explain
@@ -120,8 +120,7 @@ def test_chunk_size_does_not_change_gradient_estimator_on_smollm2(smollm2):
     ref = details.attributions[:, 0]
     nodes = lens_nodes(lens, ids, [-1])  # [1, 1, 5, 576]: mean baseline, h_0, h_10, ...
     dim = nodes.shape[-1]
-    mag = rmsnorm_head_gradient_magnitude(lens.readout, nodes, details.target, "gausslegendre",
-                                          4)[:, 0]
+    mag = head_gradient_magnitude(lens.readout, nodes, details.target, "gausslegendre", 4)[:, 0]
     tol = f32_tol(mag, mag, n_terms=dim)  # two float32 evaluations of the same credits
     # ~1e-3 on the one large credit (0.77): a lost, doubled or misplaced chunk row moves a
     # credit by one of its four weighted steps, O(0.1).
