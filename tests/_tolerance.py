@@ -190,8 +190,11 @@ def readout_sensitivity(readout: nn.Module, hidden: Tensor,
     (final norm, head and their inputs and outputs), for pre-final-norm residuals
     ``hidden [..., d]``. The bound for two readouts of the *same* residual: another row
     count or chunk, or the model's own final norm and head in a forward pass of the same
-    shapes. Shape of ``target`` (``hidden.shape[:-1] + (V,)`` for ``target=None``)."""
+    shapes. ``target`` is ``hidden.shape[:-1]`` or one dimension less (one target for all
+    nodes of a path); returns ``hidden.shape[:-1]`` (``+ (V,)`` for ``target=None``)."""
     hidden = hidden.detach()
+    if target is not None and target.dim() == hidden.dim() - 2:
+        target = target[..., None].expand(hidden.shape[:-1])
     sens = sensitivity(readout, lambda: _target_probs(readout(hidden), target))
     shape = target.shape if target is not None else None
     return sens.view(shape) if shape is not None else sens.view(*hidden.shape[:-1], -1)
@@ -401,3 +404,28 @@ def head_gradient_magnitude(readout: nn.Module, nodes: Tensor, target: Tensor, m
            + p_y * at_y_plus_mean((nd @ w.T).abs()) * at_y_plus_mean(n_abs @ w.abs().T + bias)
            + (grad * d).abs().sum(-1))
     return (mag * weights.abs()).sum(-1)
+
+
+def head_prob_magnitude(readout: nn.Module, hidden: Tensor) -> Tensor:
+    """Sum of |terms| of every probability ``softmax(readout(hidden))`` in closed form, for
+    a final norm (LayerNorm or Llama RMSNorm) and a linear head: ``[..., V]``, float64.
+
+    The logits ``z = W n + b`` are sums bounded by ``Z = |W| |n|abs + |b|`` (``|n|abs``
+    carries the norm's mean and variance, see :func:`head_gradient_magnitude`); an error
+    ``dz`` moves ``p_v`` by ``p_v (dz_v - sum_u p_u dz_u)``, so ``p_v (Z_v + sum_u p_u Z_u)``,
+    plus ``p_v`` for the rounding of the softmax itself. :func:`readout_sensitivity` gives
+    the same for one target; this covers the whole vocabulary at the cost of one product.
+    """
+    if list(getattr(readout, "pre_unembed", [])) or getattr(readout, "logit_transform", None):
+        raise NotImplementedError("a readout with projections or a logit transform")
+    head = readout.unembed
+    w = head.weight.detach().double()
+    x = hidden.detach().double()
+    n, _, n_abs, _, _ = _norm_terms(readout.final_norm, x, torch.zeros_like(x))
+    z = n @ w.T
+    z_abs = n_abs @ w.abs().T
+    if head.bias is not None:
+        z = z + head.bias.detach().double()
+        z_abs = z_abs + head.bias.detach().double().abs()
+    p = torch.softmax(z, -1)
+    return p * (z_abs + (p * z_abs).sum(-1, keepdim=True)) + p
