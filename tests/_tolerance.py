@@ -406,26 +406,49 @@ def head_gradient_magnitude(readout: nn.Module, nodes: Tensor, target: Tensor, m
     return (mag * weights.abs()).sum(-1)
 
 
-def head_prob_magnitude(readout: nn.Module, hidden: Tensor) -> Tensor:
-    """Sum of |terms| of every probability ``softmax(readout(hidden))`` in closed form, for
-    a final norm (LayerNorm or Llama RMSNorm) and a linear head: ``[..., V]``, float64.
+def logit_magnitude(readout: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
+    """The logits ``z = readout(hidden)`` and the sum of |terms| of each, ``[..., V]``,
+    float64, for any lens readout (final norm, projections, head with bias, soft-cap or
+    scale).
 
-    The logits ``z = W n + b`` are sums bounded by ``Z = |W| |n|abs + |b|`` (``|n|abs``
-    carries the norm's mean and variance, see :func:`head_gradient_magnitude`); an error
-    ``dz`` moves ``p_v`` by ``p_v (dz_v - sum_u p_u dz_u)``, so ``p_v (Z_v + sum_u p_u Z_u)``,
-    plus ``p_v`` for the rounding of the softmax itself. :func:`readout_sensitivity` gives
-    the same for one target; this covers the whole vocabulary at the cost of one product.
+    The final norm's output ``n`` carries a relative rounding: its magnitude is ``|n|``
+    (for LayerNorm and Llama RMSNorm the closed form's ``|n|abs``, which also counts
+    ``|x| + |mean|``); each linear map adds ``|W| |input|abs + |b|``; an elementwise logit
+    transform ``t`` (soft-cap, scale) maps a magnitude ``Z`` to ``|t'(z)| Z + |t(z)|``.
     """
-    if list(getattr(readout, "pre_unembed", [])) or getattr(readout, "logit_transform", None):
-        raise NotImplementedError("a readout with projections or a logit transform")
-    head = readout.unembed
-    w = head.weight.detach().double()
-    x = hidden.detach().double()
-    n, _, n_abs, _, _ = _norm_terms(readout.final_norm, x, torch.zeros_like(x))
-    z = n @ w.T
-    z_abs = n_abs @ w.abs().T
-    if head.bias is not None:
-        z = z + head.bias.detach().double()
-        z_abs = z_abs + head.bias.detach().double().abs()
+    x = hidden.detach()
+    with torch.no_grad():
+        n = readout.final_norm(x) if readout.final_norm is not None else x
+        try:
+            _, _, n_abs, _, _ = _norm_terms(readout.final_norm, x.double(), x.double())
+        except (NotImplementedError, AttributeError):
+            n_abs = n.double().abs()
+        for module in [*getattr(readout, "pre_unembed", []), readout.unembed]:
+            w = module.weight.detach().double()
+            n_abs = n_abs @ w.abs().T
+            if getattr(module, "bias", None) is not None:
+                n_abs = n_abs + module.bias.detach().double().abs()
+            n = module(n)
+        z = n.double()
+        transform = getattr(readout, "logit_transform", None)
+        if transform is not None:
+            raw = z
+            z = transform(raw.to(n.dtype)).double()
+            _, slope = torch.func.jvp(lambda t: transform(t), (raw,), (torch.ones_like(raw),))
+            n_abs = slope.abs() * n_abs + z.abs()
+    return z, n_abs
+
+
+def readout_prob_magnitude(readout: nn.Module, hidden: Tensor) -> Tensor:
+    """Sum of |terms| of every probability ``softmax(readout(hidden))``, ``[..., V]``,
+    float64, in closed form from :func:`logit_magnitude` (any lens readout).
+
+    An error ``dz`` of the logits moves ``p_v`` by ``p_v (dz_v - sum_u p_u dz_u)``: the
+    magnitude is ``p_v (Z_v + sum_u p_u Z_u)``, plus ``p_v`` for the softmax's own rounding.
+    :func:`readout_sensitivity` gives the same to a factor 2 for one target (it also counts
+    each intermediate value as its consumer's input); this covers the whole vocabulary at
+    the cost of one matrix product.
+    """
+    z, z_abs = logit_magnitude(readout, hidden)
     p = torch.softmax(z, -1)
     return p * (z_abs + (p * z_abs).sum(-1, keepdim=True)) + p

@@ -9,8 +9,8 @@ from _tolerance import (
     credit_sensitivity,
     f32_tol,
     head_gradient_magnitude,
-    head_prob_magnitude,
     lens_nodes,
+    readout_prob_magnitude,
     readout_sensitivity,
     reduction_length,
 )
@@ -40,7 +40,7 @@ def test_readout_reproduces_model_logits(tiny_model, input_ids):
     with torch.no_grad(), capture_residual_stream(lens.decoder_blocks, [n]) as states:
         logits = tiny_model.eval()(input_ids, use_cache=False).logits
         lens_logits = lens.readout(states[n])
-    mag = head_prob_magnitude(lens.readout, states[n])  # [B, S, V]
+    mag = readout_prob_magnitude(lens.readout, states[n])  # [B, S, V]
     tol = f32_tol(mag, mag, n_terms=reduction_length(lens.readout))
     assert ((torch.softmax(lens_logits, -1) - torch.softmax(logits, -1)).abs() <= tol).all()
 
