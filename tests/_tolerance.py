@@ -140,6 +140,7 @@ def sensitivity(
     module: nn.Module,
     fn: Callable[[], Tensor],
     inputs: Iterable[Tensor] = (),
+    order: int = 1,
 ) -> Tensor:
     """``S_i = |y_i| + sum |x * dy_i/dx|`` for each output ``y_i`` of ``fn()``.
 
@@ -151,13 +152,16 @@ def sensitivity(
     :func:`f32_tol` it bounds the rounding error of ``y_i``. Parameter gradients are
     computed with ``torch.autograd.grad``: ``.grad`` is never touched.
 
+    ``order=2`` gives ``sqrt(y_i^2 + sum (x * dy_i/dx)^2)`` instead: the scale of the
+    error when each rounding is independent (:func:`quantization_tol`).
+
     ``module`` runs in eval mode with gradients enabled; its modes and ``requires_grad``
     flags are restored. Returns ``[N]`` float64 for the ``N`` elements of ``fn()``.
     """
     with _differentiable_eval(module) as params, _recorded_activations(module) as acts:
         out = fn().reshape(-1)
         wrt = params + list(acts.values()) + list(inputs)
-        total = out.detach().double().abs()
+        total = out.detach().double().abs() ** order
         # One backward pass per output, batched (vmap over rows of the identity) in groups
         # that keep the per-output gradients of everything in ``wrt`` under ~256 MB.
         size = sum(x.numel() for x in wrt)
@@ -168,10 +172,10 @@ def sensitivity(
                                         retain_graph=True, allow_unused=True)
             for x, g in zip(wrt, grads, strict=True):
                 if g is not None:
-                    total[start:start + len(rows)] += (
-                        (x.detach() * g).abs().flatten(1).sum(1).double())
+                    terms = (x.detach() * g).abs().flatten(1).double()
+                    total[start:start + len(rows)] += (terms ** order).sum(1)
             start += len(rows)
-    return total
+    return total ** (1 / order)
 
 
 def _target_probs(logits: Tensor, target: Optional[Tensor]) -> Tensor:
@@ -291,6 +295,7 @@ def node_sensitivity(
     target: Tensor,
     baselines: Union[str, Tensor] = "mean",
     mask: Optional[Tensor] = None,
+    order: int = 1,
 ) -> Tensor:
     """:func:`sensitivity` of the readout ``f`` at every path node over the *whole model*:
     the bound for two forward passes that run in different orders (a left-padded batch
@@ -302,8 +307,20 @@ def node_sensitivity(
         nodes = _nodes(lens, inputs, positions, baselines, mask)
         return _target_probs(lens.readout(nodes), tgt[:, :, None].expand(nodes.shape[:3]))
 
-    sens = sensitivity(lens.model, forward)
+    sens = sensitivity(lens.model, forward, order=order)
     return sens.view(batch, len(positions), len(lens.layer_indices) + 1)
+
+
+def quantization_tol(l2: Number, eps: float) -> Number:
+    """Six standard deviations of the first-order error of a computation whose weights and
+    intermediate values are each rounded once, independently, to a format with machine
+    epsilon ``eps`` (a float16 / bfloat16 copy of a float32 model, accumulating in float32
+    as CPU kernels do). Each rounding is uniform within ``+-u |x|`` (``u = eps / 2``,
+    variance ``u^2 x^2 / 3``), so the error has standard deviation
+    ``u / sqrt(3) * sqrt(sum (x dy/dx)^2)``: ``l2`` from :func:`sensitivity` with
+    ``order=2``. (The worst case, all roundings aligned, is the ``order=1`` sum, as large as
+    the credits themselves in bfloat16.)"""
+    return 6 * (eps / 2) / math.sqrt(3) * l2
 
 
 def credit_sensitivity(nodes: Tensor) -> Tensor:
