@@ -14,10 +14,12 @@ Predictors (``[n]`` scores per token): IG-Lens credit, ``|credit|``, the logit-l
 always, random scores, and the mean drop profile of the *other* prompts. Metrics per token:
 Spearman's rho (NaN for constant input), top-1 / top-3 hit (the predictor's top block is
 the block with the largest drop / among the three largest), the drop percentile (0-100, 50
-by chance) at the predictor's top block and at its onset, and ``|onset - half-drop layer|``
-(layers). Summaries: median (hit rates: mean) with a prompt-clustered bootstrap 95% CI, for
-all tokens and for tokens whose logit-lens trajectory is non-monotonic, and paired
-IG-Lens-minus-predictor differences under the same bootstrap.
+by chance) at the predictor's top block and at its onset, and ``|onset - half-drop block|``
+in layers (the half-drop block: the first from which the cumulative drop stays at or beyond
+half its sum, the rule of IG-Lens's default onset). Summaries: median (hit rates: mean)
+with a prompt-clustered bootstrap 95% CI, for all tokens and for tokens whose logit-lens
+trajectory is non-monotonic, and paired IG-Lens-minus-predictor differences under the same
+bootstrap.
 """
 
 from __future__ import annotations
@@ -245,6 +247,7 @@ def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] 
         "kinds": list(kinds), "threshold": threshold, "max_new_tokens": max_new_tokens,
         "seed": seed, "n_boot": n_boot, "nonmonotonic_tol": nonmonotonic_tol,
         "min_reference": min_reference, "tolerance": ablation.tolerance,
+        "onset_rule": str(getattr(items[0].result, "onset_rule", "mass")),
         "seconds": {name: clock[i + 1] - clock[i]
                     for i, name in enumerate(("explain", "ablate", "analyse"))},
     }

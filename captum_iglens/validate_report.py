@@ -74,7 +74,8 @@ class ValidationResult:
             f"Medians (top-k: means), 95% CIs from a prompt-clustered bootstrap ({s['n_boot']} "
             "resamples).",
             "pct: percentile of the drop at the predictor's top / onset block (50 = chance).",
-            "|Δonset|: layers from that onset to the block where the cumulative |drop| is half.",
+            "|Δonset|: layers from that onset to the half-drop block (the first block from which",
+            "the cumulative drop stays at or beyond half its sum: the rule of IG-Lens's onset).",
         ]
         for subset in SUBSETS:
             for kind in self.kinds:

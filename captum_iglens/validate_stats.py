@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats
 
-__all__ = ["METRICS", "PREDICTORS", "SUBSETS", "analyse", "cluster_bootstrap", "half_mass",
+__all__ = ["METRICS", "PREDICTORS", "SUBSETS", "analyse", "cluster_bootstrap", "half_point",
            "nonmonotonic", "token_metrics"]
 
 PREDICTORS: tuple[str, ...] = ("IG-Lens credit", "|credit|", "lens level", "direct effect",
@@ -24,21 +24,38 @@ SUBSETS: tuple[str, ...] = ("all", "non-monotonic")
 _RATES = ("top1", "top3")
 
 
-def half_mass(values: np.ndarray) -> np.ndarray:
-    """``[N]`` first column where the cumulative ``|values|`` reaches half its total."""
-    cum = np.abs(values).cumsum(1)
-    return np.argmax(cum >= 0.5 * cum[:, -1:] * (1 - 1e-12), axis=1)
+def half_point(cumulative: np.ndarray) -> np.ndarray:
+    """The first column from which a cumulative curve stays at or beyond half its end.
+
+    The rule of IG-Lens's default ("sustained") onset: for ``[N, n]`` cumulative values
+    ``C`` with end ``C_n`` and ``s`` its sign, the first ``j`` with ``s C_j' >= s C_n / 2``
+    for every ``j' >= j``.
+
+    Returns:
+        ndarray: ``[N]`` int columns (0-based); ``n - 1`` at the latest.
+    """
+    end = cumulative[:, -1:]
+    sign = np.where(end < 0, -1.0, 1.0)
+    slack = 1e-12 * np.abs(cumulative).max(1, keepdims=True)
+    failing = sign * cumulative < sign * 0.5 * end - slack
+    n = cumulative.shape[1]
+    last_fail = np.where(failing.any(1), n - 1 - np.argmax(failing[:, ::-1], axis=1), -1)
+    return np.minimum(last_fail + 1, n - 1)
 
 
 def _spearman(scores: np.ndarray, drops: np.ndarray) -> np.ndarray:
-    """Per-row Spearman rho with :func:`scipy.stats.spearmanr`; NaN for a constant row."""
-    n_tok = scores.shape[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rho = np.asarray(stats.spearmanr(scores, drops, axis=1).statistic, dtype=np.float64)
-    if rho.ndim == 0:
-        return rho.reshape(1)
-    return rho[np.arange(n_tok), n_tok + np.arange(n_tok)]
+    """Per-row Spearman rho: the Pearson correlation of the rows' average ranks.
+
+    Equal to :func:`scipy.stats.spearmanr` row by row (ties get average ranks), without its
+    all-pairs matrix and p-values; NaN for a constant row.
+    """
+    a = stats.rankdata(scores, axis=1)
+    b = stats.rankdata(drops, axis=1)
+    a -= a.mean(1, keepdims=True)
+    b -= b.mean(1, keepdims=True)
+    norm = np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(norm > 0, (a * b).sum(1) / norm, np.nan)
 
 
 def _percentile(drops: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -67,7 +84,7 @@ def token_metrics(scores: np.ndarray, onset: np.ndarray, drops: np.ndarray
         "top3": (ranked[:, :3] == top[:, None]).any(1).astype(np.float64),
         "pct_top": _percentile(drops, top),
         "pct_onset": _percentile(drops, onset),
-        "onset_dist": np.abs(onset - half_mass(drops)).astype(np.float64),
+        "onset_dist": np.abs(onset - half_point(drops.cumsum(1))).astype(np.float64),
     }
 
 
@@ -77,9 +94,18 @@ def nonmonotonic(lens: np.ndarray, tol: float) -> np.ndarray:
 
 
 def _statistic(columns: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    """Mean of the ``rates`` columns, median of the others, NaN ignored (fast path without)."""
+    nan = np.isnan(columns).any(0)
+    out = np.full(columns.shape[1], np.nan)
+    if not len(columns):
+        return out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.where(rates, np.nanmean(columns, 0), np.nanmedian(columns, 0))
+        out[rates] = np.nanmean(columns[:, rates], 0)
+        out[~rates & ~nan] = np.median(columns[:, ~rates & ~nan], 0)
+        if (~rates & nan).any():
+            out[~rates & nan] = np.nanmedian(columns[:, ~rates & nan], 0)
+    return out
 
 
 def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
@@ -108,7 +134,8 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
         draws[b] = _statistic(columns[np.concatenate([groups[g] for g in pick])], rates)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        low, high = np.nanpercentile(draws, [2.5, 97.5], axis=0)
+        quantile = np.nanpercentile if np.isnan(draws).any() else np.percentile
+        low, high = quantile(draws, [2.5, 97.5], axis=0)
     return np.stack([point, low, high], 1)
 
 
@@ -126,8 +153,8 @@ def predictor_scores(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray,
         prompt (ndarray): ``[N]`` prompt index of each token.
         random (ndarray): ``[N, n]`` random scores.
 
-    Onsets: IG-Lens's own; the lens level's first block reaching half of ``p_final``; the
-    half-``|mass|`` block of the direct effects and of the other prompts' drop profile;
+    Onsets, all by the rule of :func:`half_point`: IG-Lens's own (cumulative credit); the
+    lens level itself; the cumulative direct effects and the other prompts' drop profile;
     block 1, block ``n`` and the random top block for the three baselines.
     """
     n_tok, n = credits.shape
@@ -138,11 +165,12 @@ def predictor_scores(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray,
         others[prompt == p] = drops[rest].mean(0) if rest.any() else 0.0
     return {
         "IG-Lens credit": (credits, onset), "|credit|": (np.abs(credits), onset),
-        "lens level": (lens, np.argmax(lens >= 0.5 * lens[:, -1:], axis=1)),
-        "direct effect": (direct, half_mass(direct)),
+        "lens level": (lens, half_point(lens)),
+        "direct effect": (direct, half_point(direct.cumsum(1))),
         "first layer": (-layers, np.zeros(n_tok, dtype=int)),
         "last layer": (layers.copy(), np.full(n_tok, n - 1)),
-        "random": (random, random.argmax(1)), "other prompts": (others, half_mass(others)),
+        "random": (random, random.argmax(1)),
+        "other prompts": (others, half_point(others.cumsum(1))),
     }
 
 
