@@ -25,6 +25,16 @@ POSITIONS = [0, 6, 13]
 SEQ = 16
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine two OpenMP threads per process
+    oversubscribe the cores (several times slower); results do not depend on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _reference(model: nn.Module, ids: torch.Tensor, pos: int, layer: int,
                repl: torch.Tensor, target: int) -> float:
     """p(target) at ``pos`` when block ``layer``'s output there is its input + ``repl``."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Protocol
 
-from captum_iglens.cli import compare, explain
+from captum_iglens.cli import compare, explain, validate
 
 __all__ = ["COMMANDS", "DEFAULT_COMMAND", "Command"]
 
@@ -34,6 +34,7 @@ class Command(Protocol):
 COMMANDS: dict[str, Command] = {
     "explain": explain,  # type: ignore[dict-item]
     "compare": compare,  # type: ignore[dict-item]
+    "validate": validate,  # type: ignore[dict-item]
 }
 
 #: The command that ``iglens PROMPT ...`` (no command name first) runs.
