@@ -6,6 +6,7 @@ via Telescoping Integrated Gradients", arXiv:2606.29693 (2026).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Literal, Optional, Union, overload
 
 import torch
@@ -177,8 +178,11 @@ class IGLens(GradientAttribution):
                 every position) or ``[B, P]``, or an int for all. ``None`` (default) takes the
                 model's argmax next token at each explained position.
             additional_forward_args (Tensor, tuple or dict, optional): An attention mask
-                ``[B, S]``, a tuple of the forward's positional arguments after ``input_ids``,
-                or a dict of keyword arguments. With a mask, ``position_ids`` are derived from
+                ``[B, S]``, a dict of keyword arguments, or a Captum-style tuple whose first
+                element is the attention mask, for every family (GPT-2, Bloom, Falcon and
+                GPT-J included, whose second forward parameter is the KV cache); further
+                elements follow the forward's parameters after ``input_ids`` with
+                ``attention_mask`` left out. With a mask, ``position_ids`` are derived from
                 it for models that take them (left padding).
             n_steps (int, optional): Steps per segment for the gradient estimators (>= 2).
                 The prediction-aware credits do not depend on it. Default: 50.
@@ -202,7 +206,8 @@ class IGLens(GradientAttribution):
         Raises:
             ValueError: empty inputs, token or target ids outside the vocabulary, positions
                 outside the sequence or on padding, a baseline of the wrong shape, an unknown
-                method.
+                method, an input longer than the model's position table, or a decoder block
+                whose output is not a ``[B, S, d]`` residual stream.
             TypeError: text or float targets, non-integer positions.
             FloatingPointError: NaN or inf in a residual (the first such hidden-state index
                 and its block's module path are named) or in the readout.
@@ -373,9 +378,12 @@ class IGLens(GradientAttribution):
         chunk = self._chunk(internal_batch_size)
         probs = node_probs(self.readout, cap.path, chunk)
         check_readout(self.readout, probs, cap.model_probs, model_dtype(self.model),
-                      type(self.model).__name__, verify=self.check_readout)
+                      type(self.model).__name__, verify=self.check_readout,
+                      hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk)
+        cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
         credits = ESTIMATORS[method](self.readout, cap.path, probs, method, n_steps, chunk)
         p_base, p_final = probs[..., 0], probs[..., -1]
+        _warn_if_not_converged(credits, p_final - p_base, method, n_steps)
         out = IGLensOutput(
             attributions=credits,
             convergence_delta=_delta(credits, p_final, p_base),
@@ -399,6 +407,25 @@ class IGLens(GradientAttribution):
     ) -> PathCapture:
         return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
                             inputs, target, positions, baselines, additional_forward_args)
+
+
+#: A gradient estimate whose ``|sum - delta_p|`` exceeds this (in the readout's units) has
+#: not converged: the caller is warned.
+CONVERGENCE_WARNING = 1e-3
+
+
+def _warn_if_not_converged(credits: Tensor, delta_p: Tensor, method: str, n_steps: int) -> None:
+    if method == "prediction_aware":
+        return
+    err = float((credits.double().sum(-1) - delta_p.double()).abs().max())
+    if err > CONVERGENCE_WARNING:
+        warnings.warn(
+            f"IG-Lens's {method} estimate has not converged: max |sum of credits - Δp| = "
+            f"{err:.3g} (n_steps={n_steps}, {credits.shape[-1]} segments). Raise n_steps, "
+            "choose more layers (shorter segments), or use method='prediction_aware', which "
+            "is exact at any n_steps.",
+            stacklevel=4,
+        )
 
 
 def _delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:

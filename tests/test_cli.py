@@ -278,7 +278,7 @@ def test_prompts_file_target_gives_a_json_list_and_numbered_plots(patched_load, 
     out = capsys.readouterr().out
     paris = tokenizer(" Paris", add_special_tokens=False)["input_ids"]
     assert out.count("prompt: ") == 2 and f"target token ids: {paris}" in out
-    assert "(no chat template: the raw prompt was used)" in out
+    assert "chat template: not applied (raw prompt)" in out
     data = json.loads(js.read_text())
     assert [d["prompt"] for d in data] == ["The capital of France is", "The capital of Italy is"]
     assert all([t["token_id"] for t in d["tokens"]] == paris for d in data)

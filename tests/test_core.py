@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from _tolerance import (
@@ -320,3 +322,19 @@ def test_input_forms_and_refusals_that_would_otherwise_be_silent(tiny_llama, inp
         assert torch.equal(lens.attribute(input_ids), ref)
         with pytest.raises(RuntimeError, match="inference_mode"):
             lens.attribute(input_ids, method="gausslegendre", n_steps=4)
+
+
+def test_unconverged_gradient_estimate_warns(tiny_llama, input_ids):
+    """A gradient estimate with |sum - Δp| above 1e-3 says so (with what to do); a
+    converged one and the exact default stay silent."""
+    lens = IGLens(tiny_llama, layers=[4])  # one long segment: hard to integrate
+    with pytest.warns(UserWarning, match="has not converged.*n_steps"):
+        _, delta = lens.attribute(input_ids, method="riemann_left", n_steps=2,
+                                  return_convergence_delta=True)
+    assert delta.abs().max() > 1e-3  # the warning reports a real gap
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lens.attribute(input_ids)
+        _, delta = IGLens(tiny_llama).attribute(input_ids, method="gausslegendre", n_steps=64,
+                                                return_convergence_delta=True)
+    assert delta.abs().max() <= 1e-3

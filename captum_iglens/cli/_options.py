@@ -192,11 +192,35 @@ def _check_method_steps(args: argparse.Namespace) -> None:
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
-    """``--max-new-tokens`` and ``--no-chat-template``."""
-    parser.add_argument("--max-new-tokens", type=at_least(1, "--max-new-tokens"), default=32,
-                        help="longest answer (default: 32)")
+    """``--max-new-tokens``, ``--no-chat-template`` and ``--template-date``."""
+    from captum_iglens.text import DEFAULT_MAX_NEW_TOKENS
+
+    parser.add_argument("--max-new-tokens", type=at_least(1, "--max-new-tokens"),
+                        default=DEFAULT_MAX_NEW_TOKENS,
+                        help=f"longest answer; a longer one is marked truncated (default: "
+                        f"{DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="use the raw prompt, without the chat template")
+    parser.add_argument("--template-date", default=None, metavar="DATE",
+                        help="pin the date a chat template writes into the prompt (e.g. "
+                        "'26 Jul 2024'), for templates that otherwise write today's date")
+
+
+def template_kwargs(args: argparse.Namespace) -> Optional[dict[str, str]]:
+    """Chat-template variables pinned on the command line (``--template-date``)."""
+    date = getattr(args, "template_date", None)
+    return {"date_string": date} if date else None
+
+
+def echo(text: str, width: int = 200) -> str:
+    """``text`` on one line, cut to ``width`` characters with the length named."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else f"{flat[:width]}… ({len(flat)} characters)"
+
+
+def template_note(used: bool) -> str:
+    """Whether the chat template was applied, for every output."""
+    return "chat template: applied" if used else "chat template: not applied (raw prompt)"
 
 
 def add_prompt_options(parser: argparse.ArgumentParser, sources: bool = False) -> None:

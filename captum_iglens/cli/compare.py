@@ -96,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
         lens_baseline=args.lens_baseline, gradient_method=args.gradient_method or "gausslegendre",
         internal_batch_size=args.internal_batch_size, tokenizer=tokenizer,
     )
-    print(f"prompt: {prompt}" + ("" if used else "  (no chat template: raw prompt)"))
-    print(f"explaining: {what}")
+    print(f"prompt: {opts.echo(prompt)}")
+    print(opts.template_note(used))
+    print(f"explaining: {opts.echo(what)}")
     print(report.format_table())
     if args.json_path:
         write_json(args.json_path, {"prompt": prompt, "explained": what, **report.to_dict()})
@@ -120,9 +121,12 @@ def _explained_token(
     Raises:
         UsageError: ``--token-index`` past the generated answer.
     """
-    from captum_iglens.text import build_prompt_ids, generate_answer
+    from captum_iglens.prompts import render_prompt
+    from captum_iglens.text import generate_answer
 
-    prompt_ids, used = build_prompt_ids(tokenizer, prompt, not args.no_chat_template)
+    rendered = render_prompt(tokenizer, prompt, not args.no_chat_template,
+                             opts.template_kwargs(args))
+    prompt_ids, used = rendered.ids, rendered.chat_template_used
     if args.prefix is not None:
         extra = list(tokenizer(args.prefix, add_special_tokens=False)["input_ids"])
         return prompt_ids + extra, None, f"next token after prefix {args.prefix!r}", used

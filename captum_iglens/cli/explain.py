@@ -37,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_layer_options(parser)
     opts.add_estimator_options(parser)
     parser.add_argument("--onset-frac", type=_fraction, default=0.5,
-                        help="mass fraction for the onset layer (default: 0.5)")
+                        help="fraction for the onset layer (default: 0.5)")
+    parser.add_argument("--onset-rule", choices=("sustained", "mass"), default="sustained",
+                        help="sustained (default): the first layer from which the cumulative "
+                        "credit stays at or beyond frac x Δp; mass: the first layer holding "
+                        "frac of the cumulative |credit|")
     opts.add_generation_options(parser)
     opts.add_output_options(
         parser,
@@ -108,11 +112,13 @@ def _explainer(
             internal_batch_size=args.internal_batch_size,
             chat_template=not args.no_chat_template,
             target=args.target,
+            onset_rule=args.onset_rule,
+            template_kwargs=opts.template_kwargs(args),
         )
-        print(f"prompt: {prompt}")
-        if not result.chat_template_used:
-            print("(no chat template: the raw prompt was used)")
-        print(f"answer: {result.answer}")
+        print(f"prompt: {opts.echo(prompt)}")
+        print(opts.template_note(result.chat_template_used))
+        print(f"answer: {opts.echo(result.answer)}"
+              + (" [truncated]" if result.truncated else ""))
         if args.target is not None:
             print(f"target token ids: {result.token_ids}")
         print(result.format_table())
