@@ -17,6 +17,7 @@ Adding an estimator is one function and one row of :data:`ESTIMATORS`.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,7 +27,16 @@ from torch import Tensor
 from captum_iglens._captum_compat import CAPTUM_APPROXIMATION_METHODS, approximation_parameters
 from captum_iglens.readout import Readout, pad_rows, readout_probs, target_log_probs
 
-__all__ = ["ESTIMATORS", "METHODS", "PathNodes", "grid_probs", "node_probs"]
+__all__ = [
+    "CONVERGENCE_WARNING",
+    "ESTIMATORS",
+    "METHODS",
+    "UNITS",
+    "PathNodes",
+    "grid_probs",
+    "node_probs",
+    "warn_if_not_converged",
+]
 
 
 @dataclass(frozen=True)
@@ -37,17 +47,22 @@ class PathNodes:
         nodes (Tensor): ``[B, P, k + 1, d]``: the baseline, then the residuals at the ``k``
             chosen layers (model dtype).
         target (Tensor): ``[B, P]`` int64 target ids.
+        log (bool): Read out log-probabilities (nats) instead of probabilities.
     """
 
     nodes: Tensor
     target: Tensor
+    log: bool = False
 
 
 def node_probs(readout: Readout, path: PathNodes, chunk: int) -> Tensor:
-    """``f`` at every node: ``[B, P, k + 1]`` probabilities (float32; float64 models: float64)."""
+    """``f`` at every node: ``[B, P, k + 1]`` (float32; float64 models: float64).
+
+    Probabilities, or log-probabilities in nats when ``path.log``.
+    """
     batch, n_pos, n_nodes, d = path.nodes.shape
     targets = path.target[:, :, None].expand(batch, n_pos, n_nodes).reshape(-1)
-    probs = readout_probs(readout, path.nodes.reshape(-1, d), targets, chunk)
+    probs = readout_probs(readout, path.nodes.reshape(-1, d), targets, chunk, path.log)
     return probs.view(batch, n_pos, n_nodes)
 
 
@@ -58,7 +73,7 @@ def grid_probs(readout: Readout, path: PathNodes, n_steps: int, chunk: int) -> T
     start, end = nodes[:, :, :-1, None], nodes[:, :, 1:, None]
     grid = start + alphas[:, None] * (end - start)  # [B, P, k, n_steps + 1, d]
     targets = path.target[:, :, None, None].expand(grid.shape[:-1]).reshape(-1)
-    probs = readout_probs(readout, grid.reshape(-1, grid.shape[-1]), targets, chunk)
+    probs = readout_probs(readout, grid.reshape(-1, grid.shape[-1]), targets, chunk, path.log)
     return probs.view(grid.shape[:-1])
 
 
@@ -93,8 +108,8 @@ def _gradient(
             seg, step = rows // n_steps, rows % n_steps
             points, tgt = pad_rows(starts[seg] + alphas[step, None] * diffs[seg], seg_targets[seg])
             points.requires_grad_(True)
-            (grad,) = torch.autograd.grad(target_log_probs(readout, points, tgt).exp().sum(),
-                                          points)
+            values = target_log_probs(readout, points, tgt)
+            (grad,) = torch.autograd.grad((values if path.log else values.exp()).sum(), points)
             grad = grad[: rows.shape[0]]  # rows are independent: padding adds nothing
             contrib = (grad.to(out_dtype) * diffs[seg].to(out_dtype)).sum(-1) * steps[step]
             credits.index_add_(0, seg, contrib)
@@ -112,3 +127,25 @@ ESTIMATORS: dict[str, Estimator] = {
 
 #: Estimator names accepted by :meth:`~captum_iglens.IGLens.attribute`.
 METHODS: tuple[str, ...] = tuple(ESTIMATORS)
+
+#: Readouts IG-Lens can decompose: probability (the paper's) or log-probability (nats).
+UNITS: tuple[str, ...] = ("probability", "log-probability")
+
+#: A gradient estimate whose ``|sum - delta_p|`` exceeds this (in the readout's units) has
+#: not converged: the caller is warned.
+CONVERGENCE_WARNING = 1e-3
+
+
+def warn_if_not_converged(credits: Tensor, delta_p: Tensor, method: str, n_steps: int) -> None:
+    """Warn when a gradient estimate's ``|sum - delta_p|`` exceeds the threshold."""
+    if method == "prediction_aware":
+        return
+    err = float((credits.double().sum(-1) - delta_p.double()).abs().max())
+    if err > CONVERGENCE_WARNING:
+        warnings.warn(
+            f"IG-Lens's {method} estimate has not converged: max |sum of credits - Δp| = "
+            f"{err:.3g} (n_steps={n_steps}, {credits.shape[-1]} segments). Raise n_steps, "
+            "choose more layers (shorter segments), or use method='prediction_aware', which "
+            "is exact at any n_steps.",
+            stacklevel=4,
+        )

@@ -6,7 +6,7 @@ via Telescoping Integrated Gradients", arXiv:2606.29693 (2026).
 
 from __future__ import annotations
 
-import warnings
+from dataclasses import replace
 from typing import Any, Callable, Literal, Optional, Union, overload
 
 import torch
@@ -24,12 +24,21 @@ from captum_iglens._inputs import (
 )
 from captum_iglens.architectures import input_embeddings, resolve_decoder_blocks, vocab_size
 from captum_iglens.baselines import BASELINES, BaselineSpec
-from captum_iglens.estimators import ESTIMATORS, METHODS, grid_probs, node_probs
+from captum_iglens.estimators import (
+    ESTIMATORS,
+    METHODS,
+    UNITS,
+    PathNodes,
+    grid_probs,
+    node_probs,
+    warn_if_not_converged,
+)
 from captum_iglens.onset import onset_layer_indices
 from captum_iglens.readout import (
     ReadoutMismatchError,
     check_readout,
     chunk_rows,
+    readout_top_k,
     resolve_readout,
 )
 from captum_iglens.residual import model_dtype
@@ -80,6 +89,7 @@ class IGLens(GradientAttribution):
         readout: Optional[Callable[[Tensor], Tensor]] = None,
         decoder_blocks: Optional[nn.ModuleList] = None,
         check_readout: bool = True,
+        units: str = "probability",
     ) -> None:
         r"""Build IG-Lens for a causal LM and its chosen layers.
 
@@ -100,6 +110,9 @@ class IGLens(GradientAttribution):
                 :func:`~captum_iglens.architectures.resolve_layout` does not know.
             check_readout (bool, optional): Verify on every call that the readout of the
                 last block's residual is the model's own probability (default True).
+            units (str, optional): The readout ``f`` that is decomposed: ``"probability"``
+                (default, the paper's) or ``"log-probability"`` (nats). The telescoping holds
+                for any scalar readout of ``h``; credits, levels and deltas are then in nats.
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
@@ -116,6 +129,9 @@ class IGLens(GradientAttribution):
             layers, self.decoder_blocks, input_embeddings(model)
         )
         self.check_readout = check_readout
+        if units not in UNITS:
+            raise ValueError(f"units={units!r}: use one of {UNITS}.")
+        self.units = units
 
     @classmethod
     def get_name(cls) -> str:
@@ -250,16 +266,24 @@ class IGLens(GradientAttribution):
         internal_batch_size: Optional[int] = None,
         *,
         positions: PositionSpec = -1,
+        top_k: int = 0,
     ) -> IGLensOutput:
         """Like :meth:`attribute`, returning an :class:`~captum_iglens.results.IGLensOutput`.
 
         It holds the credits, the logit-lens probabilities, ``p_final``, ``p_baseline``, the
         targets and the delta, all with the ``P`` dimension kept. Same arguments and errors
-        as :meth:`attribute`.
+        as :meth:`attribute`, plus ``top_k`` (keyword-only): the logit lens's ``top_k`` most
+        probable tokens at each chosen layer (``out.top_k_ids`` / ``out.top_k_probs``,
+        ``[B, P, k, top_k]``; default 0, none).
+
+        Raises:
+            ValueError: ``top_k`` negative or above the vocabulary; and as :meth:`attribute`.
         """
+        if not is_int(top_k) or not 0 <= top_k <= (vocab_size(self.model) or top_k):
+            raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
         out, _ = self._run(
             inputs, baselines, target, additional_forward_args, n_steps, method,
-            internal_batch_size, positions,
+            internal_batch_size, positions, int(top_k),
         )
         return out
 
@@ -338,7 +362,8 @@ class IGLens(GradientAttribution):
         if not is_int(n_steps) or n_steps < 1:
             raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
         cap = self._capture(inputs, target, positions, baselines, additional_forward_args)
-        return grid_probs(self.readout, cap.path, n_steps, self._chunk(internal_batch_size))
+        path = replace(cap.path, log=self.units == "log-probability")
+        return grid_probs(self.readout, path, n_steps, self._chunk(internal_batch_size))
 
     def onset_layers(
         self, attributions: Tensor, frac: float = 0.5, rule: str = "sustained"
@@ -361,7 +386,7 @@ class IGLens(GradientAttribution):
     def _run(
         self, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
         additional_forward_args: Any, n_steps: int, method: str,
-        internal_batch_size: Optional[int], positions: PositionSpec,
+        internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
     ) -> tuple[IGLensOutput, bool]:
         """Capture the path, read it out, check Invariant R, run the estimator."""
         if method not in ESTIMATORS:
@@ -376,14 +401,15 @@ class IGLens(GradientAttribution):
             )
         cap = self._capture(inputs, target, positions, baselines, additional_forward_args)
         chunk = self._chunk(internal_batch_size)
-        probs = node_probs(self.readout, cap.path, chunk)
-        check_readout(self.readout, probs, cap.model_probs, model_dtype(self.model),
-                      type(self.model).__name__, verify=self.check_readout,
+        path = replace(cap.path, log=self.units == "log-probability")
+        probs = node_probs(self.readout, path, chunk)
+        check_readout(self.readout, probs.exp() if path.log else probs, cap.model_probs,
+                      model_dtype(self.model), type(self.model).__name__, verify=self.check_readout,
                       hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk)
         cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
-        credits = ESTIMATORS[method](self.readout, cap.path, probs, method, n_steps, chunk)
+        credits = ESTIMATORS[method](self.readout, path, probs, method, n_steps, chunk)
         p_base, p_final = probs[..., 0], probs[..., -1]
-        _warn_if_not_converged(credits, p_final - p_base, method, n_steps)
+        warn_if_not_converged(credits, p_final - p_base, method, n_steps)
         out = IGLensOutput(
             attributions=credits,
             convergence_delta=_delta(credits, p_final, p_base),
@@ -395,8 +421,17 @@ class IGLens(GradientAttribution):
             layer_indices=self.layer_indices,
             baseline=cap.baseline,
             model_argmax=cap.model_argmax,
+            units=self.units,
         )
+        if top_k:
+            out.top_k_probs, out.top_k_ids = self._top_k(path, top_k, chunk)
         return out, cap.single
+
+    def _top_k(self, path: PathNodes, k: int, chunk: int) -> tuple[Tensor, Tensor]:
+        """The logit lens's top ``k`` tokens at every chosen layer: ``[B, P, k_layers, k]``."""
+        layers = path.nodes[:, :, 1:]
+        probs, ids = readout_top_k(self.readout, layers.reshape(-1, layers.shape[-1]), k, chunk)
+        return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
 
     def _chunk(self, internal_batch_size: Optional[int]) -> int:
         return chunk_rows(internal_batch_size, vocab_size(self.model) or 1)
@@ -407,25 +442,6 @@ class IGLens(GradientAttribution):
     ) -> PathCapture:
         return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
                             inputs, target, positions, baselines, additional_forward_args)
-
-
-#: A gradient estimate whose ``|sum - delta_p|`` exceeds this (in the readout's units) has
-#: not converged: the caller is warned.
-CONVERGENCE_WARNING = 1e-3
-
-
-def _warn_if_not_converged(credits: Tensor, delta_p: Tensor, method: str, n_steps: int) -> None:
-    if method == "prediction_aware":
-        return
-    err = float((credits.double().sum(-1) - delta_p.double()).abs().max())
-    if err > CONVERGENCE_WARNING:
-        warnings.warn(
-            f"IG-Lens's {method} estimate has not converged: max |sum of credits - Δp| = "
-            f"{err:.3g} (n_steps={n_steps}, {credits.shape[-1]} segments). Raise n_steps, "
-            "choose more layers (shorter segments), or use method='prediction_aware', which "
-            "is exact at any n_steps.",
-            stacklevel=4,
-        )
 
 
 def _delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:

@@ -125,3 +125,38 @@ def test_json_round_trip() -> None:
     assert again.token_ids == result.token_ids and again.is_argmax == result.is_argmax
     torch.testing.assert_close(again.attributions, result.attributions)
     assert again.format_table() == result.format_table()
+
+
+def test_log_probability_units_telescope_and_match_log_of_the_probability_run() -> None:
+    """The telescoping holds for any scalar readout: in nats the credits add up to
+    log p_final - log f(b), and the levels are the logs of the probability run's levels."""
+    from captum_iglens import IGLens
+
+    model = make_family("llama", n_blocks=3)
+    ids = torch.randint(4, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    prob = IGLens(model).attribute_details(ids, positions=[3, -1])
+    nats = IGLens(model, units="log-probability").attribute_details(ids, positions=[3, -1])
+    assert nats.units == "log-probability"
+    # log of float32 probabilities vs float32 log-softmax: a few eps relative to |log p|
+    torch.testing.assert_close(nats.lens_probs, prob.lens_probs.log(), atol=1e-5, rtol=1e-5)
+    assert nats.convergence_delta.abs().max() <= 1e-5  # exact in float64 differences
+    torch.testing.assert_close(nats.attributions.sum(-1).double(),
+                               (prob.p_final.log() - prob.p_baseline.log()).double(),
+                               atol=1e-5, rtol=0)
+    grad = IGLens(model, units="log-probability").attribute(
+        ids, method="gausslegendre", n_steps=64, positions=[3, -1])
+    torch.testing.assert_close(grad, nats.attributions, atol=5e-3, rtol=0)
+
+
+def test_top_k_tokens_per_layer() -> None:
+    model = make_family("llama", n_blocks=3)
+    tok = word_tokenizer()
+    result = _quiet_explain(model, tok, "w1 w2", target=[20, 21], chat_template=False, top_k=3)
+    assert result.top_k_ids.shape == (2, 3, 3) and result.top_k_probs.shape == (2, 3, 3)
+    # the last layer's top-1 is the model's own argmax, and probabilities are sorted
+    assert result.top_k_probs[..., 0].ge(result.top_k_probs[..., 1]).all()
+    with torch.no_grad():
+        logits = model.eval()(torch.tensor([result.input_ids[:-1]]), use_cache=False).logits[0]
+    assert result.top_k_ids[:, -1, 0].tolist() == logits[result.positions].argmax(-1).tolist()
+    data = result.to_dict()
+    assert data["tokens"][0]["top_k"][-1][0]["token"] == result.top_k_tokens[0][-1][0]

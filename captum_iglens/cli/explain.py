@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sustained (default): the first layer from which the cumulative "
                         "credit stays at or beyond frac x Δp; mass: the first layer holding "
                         "frac of the cumulative |credit|")
+    parser.add_argument("--units", choices=("probability", "log-probability"),
+                        default="probability",
+                        help="the readout that is decomposed: probability (default) or "
+                        "log-probability in nats; the credits add up exactly in either")
+    parser.add_argument("--top-k", type=opts.at_least(0, "--top-k"), default=0,
+                        help="record the logit lens's top-k tokens at every layer in the JSON "
+                        "and plot (default: 0, none)")
     opts.add_generation_options(parser)
     opts.add_output_options(
         parser,
@@ -113,6 +120,8 @@ def _explainer(
             chat_template=not args.no_chat_template,
             target=args.target,
             onset_rule=args.onset_rule,
+            units=args.units,
+            top_k=args.top_k,
             template_kwargs=opts.template_kwargs(args),
         )
         print(f"prompt: {opts.echo(prompt)}")

@@ -30,6 +30,11 @@ class IGLensOutput:
             ``"tensor"`` or ``"reference ids"``).
         model_argmax (Tensor, optional): ``[B, P]`` int64, the model's own top token at each
             explained position (``target == model_argmax`` where the target is greedy).
+        units (str): ``"probability"`` or ``"log-probability"`` (nats): the units of
+            ``attributions``, ``lens_probs``, ``p_final``, ``p_baseline`` and the delta.
+        top_k_probs (Tensor, optional): ``[B, P, k, K]`` the logit lens's top-K probabilities
+            at each chosen layer (with ``attribute_details(..., top_k=K)``).
+        top_k_ids (Tensor, optional): ``[B, P, k, K]`` their token ids.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -45,6 +50,9 @@ class IGLensOutput:
     layer_indices: tuple[int, ...]
     baseline: str = "mean"
     model_argmax: Optional[Tensor] = None
+    units: str = "probability"
+    top_k_probs: Optional[Tensor] = None
+    top_k_ids: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""

@@ -43,7 +43,8 @@ def _block(result: IGLensResult, cols: list[int]) -> list[str]:
     for key, values in (
         ("sum", [float(result.attributions[t].sum()) for t in cols]),
         ("Δp", [float(result.delta_p[t]) for t in cols]),
-        ("p", [float(result.p_final[t]) for t in cols]),
+        ("p" if result.units == "probability" else "log p",
+         [float(result.p_final[t]) for t in cols]),
     ):
         lines.append(f"{key:>6} |" + "".join(
             f" {format_number(v, digits=6):>{_TOKEN}} |" for v in values))
