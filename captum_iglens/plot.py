@@ -6,6 +6,7 @@ state), so it works under the Agg backend, in notebooks and in scripts alike.
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -47,61 +48,235 @@ def result_to_captum(result: IGLensResult) -> LLMAttributionResult:
     )
 
 
+_TITLE_PT = 9.0
+_CAPTION_PT = 7.5
+_MAX_FIG = 24.0  # inches, either side
+_GRID_CELL_IN = 0.55  # width of one top-1 column
+
+
+def _plain(text: str) -> str:
+    """``text`` shown literally: newlines as ↵, no mathtext from ``$``."""
+    return text.replace("\r\n", "\n").replace("\n", " ↵ ").replace("\t", " ").replace("$", r"\$")
+
+
+def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[str]:
+    """Wrap ``text`` into at most ``max_lines`` lines no wider than ``width_pt`` points.
+
+    The first try guesses the line length in characters; lines measured wider than
+    ``width_pt`` make the next try shorter. Cut text ends with an ellipsis.
+    """
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    measure, prop = TextToPath(), FontProperties(size=fontsize)
+    chars = max(10, int(width_pt / (0.55 * fontsize)))
+    while True:
+        lines = textwrap.wrap(text, chars, max_lines=max_lines, placeholder=" …") or [""]
+        widest = max(measure.get_text_width_height_descent(s, prop, ismath=False)[0]
+                     for s in lines)
+        if widest <= width_pt or chars <= 10:
+            return lines
+        chars = max(10, int(chars * 0.9 * width_pt / widest))
+
+
+def _label(token: str, limit: int = 14) -> str:
+    """A token as a tick label: ``repr`` cut to ``limit`` characters."""
+    text = repr(token)
+    return _plain(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _units(result: IGLensResult) -> str:
+    return "probability" if result.units == "probability" else "log-probability, nats"
+
+
+def _onset_words(result: IGLensResult) -> str:
+    """The onset rule of ``result`` in words."""
+    frac = f"{result.onset_frac:g}"
+    if result.onset_rule == "sustained":
+        return f"first layer from which the cumulative credit stays at or beyond {frac}·Δp"
+    if result.onset_rule == "mass":
+        return f"first layer holding {frac} of the cumulative |credit|"
+    return f"onset rule {result.onset_rule!r} at fraction {frac}"
+
+
+def _sizes(
+    result: IGLensResult, figsize: Optional[tuple[float, float]], max_legend: int
+) -> tuple[tuple[float, float], list[float], float]:
+    """Figure size, panel width ratios (the top-1 grid second, if shown) and row height (pt)."""
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    widths = [1.6 + max(1.5, 0.32 * k) + 0.9, 5.0 + (0.9 if n_tok > min(max_legend, 10) else 0.0)]
+    grid = _GRID_CELL_IN * k + 0.4
+    width = min(_MAX_FIG, max(9.0, sum(widths)))
+    height = min(_MAX_FIG, max(4.5, 0.22 * n_tok + 3.4))
+    show_grid = bool(result.top_k_tokens) and n_tok > 0 and width + grid <= _MAX_FIG
+    if figsize is not None:
+        width, height = figsize
+    row_pt = 72.0 * max(height - 3.4, 1.0) / max(n_tok, 1)
+    if show_grid and _token_pt(row_pt) >= 5.0:
+        widths.insert(1, grid)
+        width += grid if figsize is None else 0.0
+    return (width, height), widths, row_pt
+
+
+def _title(fig: Figure, result: IGLensResult) -> None:
+    """Prompt and answer on separate wrapped lines, inside the figure."""
+    width_pt = 72.0 * fig.get_figwidth() * 0.96
+    n_tok = len(result.tokens)
+    head = f"answer ({n_tok} token{'s' if n_tok != 1 else ''})"
+    if result.truncated:
+        head += f" [truncated at {result.max_new_tokens or n_tok} tokens]"
+    lines = _wrap(f"prompt: {_plain(result.prompt)}", width_pt, _TITLE_PT, 2)
+    lines += _wrap(f"{head}: {_plain(result.answer)}", width_pt, _TITLE_PT, 4)
+    fig.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=_TITLE_PT, multialignment="left")
+
+
+def _caption(fig: Figure, result: IGLensResult) -> None:
+    """The onset rule, the markers and the units, in words, at the foot of the figure."""
+    text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
+            f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
+    if result.baseline_description:
+        text += f" Baseline: {_plain(result.baseline_description)}."
+    lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 3)
+    fig.supxlabel("\n".join(lines), x=0.01, ha="left", fontsize=_CAPTION_PT,
+                  multialignment="left")
+
+
+def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float) -> None:
+    """Credits with a diverging map centred at 0, every token labelled, onsets boxed."""
+    from matplotlib.colors import Normalize
+
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    limit = float(np.abs(attr).max()) if attr.size else 0.0
+    limit = limit if limit > 0 else 1e-12
+    image = ax.imshow(
+        attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
+        norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
+    )
+    fig.colorbar(image, ax=ax, label=f"IG-Lens credit ({_units(result)})")
+    ax.set_xticks(range(k), labels=result.layer_names, rotation=90, fontsize=7)
+    flags = list(result.is_argmax) or [True] * n_tok
+    labels = [f"{t} {_label(tok)}{'' if ok else '*'}"
+              for t, (tok, ok) in enumerate(zip(result.tokens, flags, strict=True))]
+    ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
+    ax.set_xlabel("layer")
+    ax.set_ylabel("answer token")
+    ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
+    cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
+             if o in result.layer_indices]
+    if cells:
+        col_pt = 72.0 * max(1.5, 0.32 * k) / max(k, 1)
+        side = float(np.clip(0.75 * min(row_pt, col_pt), 3.0, 9.0))
+        cols, rows = zip(*cells, strict=True)
+        ax.scatter(cols, rows, marker="s", s=side**2, facecolors="none", edgecolors="black",
+                   linewidths=1.2)
+
+
+def _trajectory(
+    fig: Figure, ax: Any, result: IGLensResult, probs: np.ndarray, max_legend: int
+) -> None:
+    """One logit-lens line per token; a legend for a few tokens, else an index colour bar."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    n_tok = len(result.tokens)
+    few = n_tok <= min(max_legend, 10)
+    if few:
+        colours = colormaps["tab10"](np.arange(n_tok))
+    else:  # sequential by position: one shade per token, read off the colour bar
+        colours = colormaps["viridis"](np.linspace(0.0, 0.92, max(n_tok, 1)))
+    x = np.asarray(result.layer_indices)
+    for t in range(n_tok):
+        ax.plot(x, probs[t], marker=".", linewidth=1.1, color=colours[t],
+                label=f"{t} {_label(result.tokens[t])}")
+    if len(x) <= 16:
+        ax.set_xticks(x, labels=result.layer_names, fontsize=7)
+        ax.set_xlabel("layer")
+    else:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("hidden-state index (layer)")
+    ax.set_title("logit-lens trajectory per token", fontsize=9)
+    if result.units == "probability":
+        ax.set_ylabel("logit-lens probability f(h_L)")
+        ax.set_ylim(-0.02, 1.02)
+    else:
+        ax.set_ylabel("logit-lens log-probability (nats)")
+    if not n_tok:
+        return
+    if few:
+        ax.legend(fontsize=7, loc="best", title="answer token", title_fontsize=7)
+        return
+    norm = BoundaryNorm(np.arange(n_tok + 1) - 0.5, n_tok)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=ListedColormap(colours)), ax=ax,
+                       label="answer token index", fraction=0.05, aspect=50)
+    bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))
+    bar.ax.invert_yaxis()  # index 0 on top, as in the heatmap
+
+
+def _top1_grid(ax: Any, result: IGLensResult, row_pt: float) -> None:
+    """The logit lens's top-1 token per token and layer, the answer token in bold green."""
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    ax.set_xlim(-0.5, k - 0.5)
+    ax.set_xticks(range(k), labels=result.layer_names, rotation=90, fontsize=7)
+    ax.tick_params(left=False, labelleft=False)
+    ax.set_xlabel("layer")
+    ax.set_title("logit-lens top-1 token\n(bold green = the answer token)", fontsize=9)
+    ids = result.top_k_ids
+    for t in range(n_tok):
+        for j in range(k):
+            top = result.top_k_tokens[t][j][0]
+            hit = (int(ids[t, j, 0]) == int(result.token_ids[t]) if ids is not None
+                   else top == result.tokens[t])
+            ax.text(j, t, _label(top, 8), ha="center", va="center", clip_on=True,
+                    fontsize=_token_pt(row_pt), color="#1a7f37" if hit else "black",
+                    fontweight="bold" if hit else "normal")
+
+
+def _token_pt(row_pt: float) -> float:
+    """Font size of token labels for rows ``row_pt`` points high."""
+    return float(np.clip(0.72 * row_pt, 3.0, 8.0))
+
+
 def plot_result(
-    result: IGLensResult, max_legend: int = 12, figsize: Optional[tuple[float, float]] = None
+    result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None
 ) -> Figure:
     """Token x layer heatmap of IG-Lens credit and the logit-lens trajectory per token.
 
-    Left: the ``[T, k]`` credits (probability units) with a diverging colour map centred at 0
-    (symmetric limits), the onset layer of each token marked with a black square. Right: the
-    logit-lens probability ``f(h_L)`` of each answer token over the chosen layers.
+    Title: the prompt (cut with an ellipsis) and the answer, wrapped to the figure width,
+    marked when generation was truncated. Left: the ``[T, k]`` credits with a diverging
+    colour map centred at 0 (symmetric limits), every answer token labelled with its index
+    (``*``: not the argmax of the explained forward), the onset layer of each token boxed.
+    Middle, when ``result.top_k_tokens`` is set and the grid stays readable (up to about
+    16 layers): the logit lens's top-1 token per token and layer. Right: the
+    logit-lens readout of each answer token over the chosen layers, coloured by token
+    index, with a legend for a few tokens or a colour bar. A caption states the onset rule
+    and the units. The figure grows with tokens and layers, up to 24 x 24 inches.
 
     Args:
         result (IGLensResult): What :func:`~captum_iglens.explain` returned.
-        max_legend (int, optional): Tokens named in the trajectory legend. Default: 12.
-        figsize (tuple, optional): Figure size in inches. Default: from the table size.
+        max_legend (int, optional): Up to this many tokens (at most 10) the trajectories get
+            a legend; more get a sequential colour map and a colour bar of the token index.
+            Default: 10.
+        figsize (tuple, optional): Figure size in inches. Default: from the number of
+            tokens and layers.
 
     Returns:
         matplotlib.figure.Figure
     """
-    from matplotlib.colors import Normalize
-
     attr = result.attributions.detach().float().cpu().numpy()
     probs = result.lens_probs.detach().float().cpu().numpy()
-    n_tok, k = attr.shape if attr.ndim == 2 else (0, len(result.layer_indices))
-    names = result.layer_names
-    if figsize is None:
-        figsize = (max(10.0, 0.35 * k + 7.0), max(3.5, 0.32 * n_tok + 1.8))
-    fig = _new_figure(figsize)
-    ax_map, ax_traj = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(k, 4), max(6, k // 2)]})
-    fig.get_layout_engine().set(wspace=0.1)  # room between the colour bar and the right panel
-    limit = float(np.abs(attr).max()) if attr.size else 0.0
-    limit = limit if limit > 0 else 1e-12
-    image = ax_map.imshow(
-        attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
-        norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
-    )
-    fig.colorbar(image, ax=ax_map, label="IG-Lens credit (probability)")
-    ax_map.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
-    ax_map.set_yticks(range(n_tok), labels=[repr(t) for t in result.tokens], fontsize=8)
-    ax_map.set_xlabel("layer")
-    ax_map.set_title("IG-Lens credit per token and layer (□ = onset)")
-    for t, onset in enumerate(result.onset_layers):
-        if onset in result.layer_indices:
-            j = result.layer_indices.index(onset)
-            ax_map.scatter([j], [t], marker="s", s=60, facecolors="none", edgecolors="black",
-                           linewidths=1.5)
-    x = np.asarray(result.layer_indices)
-    for t in range(n_tok):
-        label = repr(result.tokens[t]) if t < max_legend else None
-        ax_traj.plot(x, probs[t], marker=".", linewidth=1.2, label=label)
-    ax_traj.set_xlabel("hidden-state index (layer)")
-    ax_traj.set_ylabel("logit-lens probability f(h_L)")
-    ax_traj.set_ylim(-0.02, 1.02)
-    ax_traj.set_title("logit-lens trajectory per token")
-    if n_tok:
-        ax_traj.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"answer: {result.answer!r}", fontsize=9)
+    size, widths, row_pt = _sizes(result, figsize, max_legend)
+    fig = _new_figure(size)
+    fig.get_layout_engine().set(wspace=0.06)  # room between a colour bar and the next panel
+    grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
+    ax_map = fig.add_subplot(grid[0])
+    ax_traj = fig.add_subplot(grid[-1])
+    _heatmap(fig, ax_map, result, attr, row_pt)
+    if len(widths) == 3:
+        _top1_grid(fig.add_subplot(grid[1], sharey=ax_map), result, row_pt)
+    _trajectory(fig, ax_traj, result, probs, max_legend)
+    _title(fig, result)
+    _caption(fig, result)
     return fig
 
 
