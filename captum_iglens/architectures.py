@@ -1,18 +1,31 @@
 """Where a causal LM keeps its decoder blocks, final norm, unembedding and logit transform.
 
-Every architecture-specific fact of the package lives here, one row per family in
-:data:`FAMILIES` (keyed by ``config.model_type``). The lens readout (:mod:`captum_iglens.readout`),
-the residual-stream capture (:mod:`captum_iglens.residual`) and the Captum comparison all
-locate model parts through this module.
+Every architecture-specific fact of the package is looked up here, from one row per family
+in :data:`FAMILIES` (keyed by ``config.model_type``, in :mod:`captum_iglens._families`). The
+lens readout (:mod:`captum_iglens.readout`), the residual-stream capture
+(:mod:`captum_iglens.residual`) and the Captum comparison all locate model parts through this
+module. Models wrapped by ``torch.compile`` or an adapter are inspected through
+:func:`unwrap_model`; the longest input a model can position is :func:`max_sequence_length`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Optional
 
-import torch
-from torch import Tensor, nn
+from torch import nn
+
+from captum_iglens._families import (
+    FAMILIES,
+    GENERIC_BLOCKS,
+    GENERIC_NORMS,
+    POSITION_TABLES,
+    SOFTCAP_ATTRIBUTES,
+    TRANSFORM_ATTRIBUTES,
+    ArchitectureLayout,
+    HiddenDivisor,
+    LogitTransform,
+)
 
 __all__ = [
     "FAMILIES",
@@ -22,108 +35,36 @@ __all__ = [
     "display_name",
     "input_embeddings",
     "locate_parts",
+    "max_sequence_length",
     "model_type",
     "resolve_decoder_blocks",
     "resolve_layout",
+    "unwrap_model",
     "vocab_size",
 ]
-
-LogitTransform = Callable[[Tensor], Tensor]
-
 
 class UnknownArchitectureError(ValueError):
     """Raised when the decoder blocks or the final norm of a model cannot be located."""
 
 
-def _softcap(cap: float) -> LogitTransform:
-    return lambda logits: cap * torch.tanh(logits / cap)
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside compile and adapter wrappers (``model`` itself when it wraps none).
 
-
-def _scale(factor: float) -> LogitTransform:
-    return lambda logits: logits * factor
-
-
-@dataclass(frozen=True)
-class ArchitectureLayout:
-    """Where a family keeps its decoder blocks, final norm and pre-unembedding projection.
-
-    Attributes:
-        blocks (str): Dotted attribute path (relative to the ``*ForCausalLM`` model) of the
-            ``nn.ModuleList`` of decoder blocks.
-        final_norm (str): Dotted path of the final norm.
-        pre_unembed (tuple of str): Paths of modules applied between the final norm and the
-            unembedding (OPT's ``project_out``), skipped where the attribute is ``None``.
-        logit_transform (callable, optional): Builds, from the config, the map the model
-            applies to its logits after the unembedding (or returns ``None``).
-        norm_optional (bool): The final norm may be ``None`` (OPT-350m); for every other
-            family a ``None`` norm is an error, never an identity fall-back.
+    ``torch.compile(model)`` (``_orig_mod``), PEFT adapters (``get_base_model()``) and
+    ``functools``-style wrappers (``__wrapped__``) hide ``forward``'s signature behind
+    ``(*args, **kwargs)`` and the model's parts behind other attribute paths. The package keeps
+    *calling* the wrapper (so compiled code and adapters run) but inspects the inner model.
     """
-
-    blocks: str
-    final_norm: str
-    pre_unembed: tuple[str, ...] = ()
-    logit_transform: Optional[Callable[[object], Optional[LogitTransform]]] = field(
-        default=None, compare=False
-    )
-    norm_optional: bool = False
-
-
-def _gemma2_softcap(config: object) -> Optional[LogitTransform]:
-    cap = getattr(config, "final_logit_softcapping", None)
-    return _softcap(float(cap)) if cap else None
-
-
-def _cohere_scale(config: object) -> Optional[LogitTransform]:
-    scale = getattr(config, "logit_scale", None)
-    return _scale(float(scale)) if scale is not None else None
-
-
-def _granite_scale(config: object) -> Optional[LogitTransform]:
-    div = getattr(config, "logits_scaling", None)
-    return _scale(1.0 / float(div)) if div else None
-
-
-_LLAMA_LIKE = ArchitectureLayout(blocks="model.layers", final_norm="model.norm")
-
-#: One row per family: ``config.model_type`` -> layout. Families not listed here are
-#: located by :func:`resolve_layout` from generic candidates, and the run-time readout check
-#: catches any post-processing that a generic layout would miss.
-FAMILIES: dict[str, ArchitectureLayout] = {
-    "llama": _LLAMA_LIKE,
-    "mistral": _LLAMA_LIKE,
-    "mixtral": _LLAMA_LIKE,
-    "qwen2": _LLAMA_LIKE,
-    "qwen3": _LLAMA_LIKE,
-    "phi3": _LLAMA_LIKE,
-    "olmo": _LLAMA_LIKE,
-    "olmo2": _LLAMA_LIKE,
-    "stablelm": _LLAMA_LIKE,
-    "gemma": _LLAMA_LIKE,
-    "gemma2": ArchitectureLayout("model.layers", "model.norm", (), _gemma2_softcap),
-    "gemma3_text": ArchitectureLayout("model.layers", "model.norm", (), _gemma2_softcap),
-    "cohere": ArchitectureLayout("model.layers", "model.norm", (), _cohere_scale),
-    "granite": ArchitectureLayout("model.layers", "model.norm", (), _granite_scale),
-    "phi": ArchitectureLayout("model.layers", "model.final_layernorm"),
-    "gpt2": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "gptj": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "gpt_neo": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "falcon": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "bloom": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "mpt": ArchitectureLayout("transformer.blocks", "transformer.norm_f"),
-    "gpt_neox": ArchitectureLayout("gpt_neox.layers", "gpt_neox.final_layer_norm"),
-    # OPT-350m: do_layer_norm_before=False -> final_layer_norm is None; project_out maps
-    # hidden_size -> word_embed_proj_dim before the (tied) head.
-    "opt": ArchitectureLayout(
-        "model.decoder.layers", "model.decoder.final_layer_norm", ("model.decoder.project_out",),
-        norm_optional=True,
-    ),
-}
-
-_GENERIC_BLOCKS = ("model.layers", "transformer.h", "transformer.blocks", "gpt_neox.layers",
-                   "model.decoder.layers", "transformer.layers")
-_GENERIC_NORMS = ("model.norm", "transformer.ln_f", "transformer.norm_f",
-                  "gpt_neox.final_layer_norm", "model.final_layernorm",
-                  "model.decoder.final_layer_norm", "transformer.norm")
+    inner = model
+    for _ in range(8):  # wrappers of wrappers; never loops on a self-reference
+        nxt = getattr(inner, "_orig_mod", None)
+        if not isinstance(nxt, nn.Module):
+            get_base = getattr(inner, "get_base_model", None)
+            nxt = get_base() if callable(get_base) else getattr(inner, "__wrapped__", None)
+        if not isinstance(nxt, nn.Module) or nxt is inner:
+            break
+        inner = nxt
+    return inner
 
 _MISSING = object()
 
@@ -138,36 +79,45 @@ def _get_path(root: nn.Module, path: str) -> object:
 
 
 def model_type(model: nn.Module) -> str:
-    """``config.model_type`` of a Hugging Face model, else its class name."""
-    return str(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+    """``config.model_type`` of a Hugging Face model (wrappers unwrapped), else its class name."""
+    inner = unwrap_model(model)
+    return str(getattr(getattr(inner, "config", None), "model_type", type(inner).__name__))
+
+
+def _fits(model: nn.Module, layout: ArchitectureLayout) -> bool:
+    blocks = _get_path(model, layout.blocks)
+    norm = _get_path(model, layout.final_norm)
+    return isinstance(blocks, nn.ModuleList) and len(blocks) > 0 and (
+        isinstance(norm, nn.Module) or (norm is None and layout.norm_optional))
 
 
 def resolve_layout(model: nn.Module) -> ArchitectureLayout:
-    """Return the :class:`ArchitectureLayout` of ``model``.
+    """Return the :class:`ArchitectureLayout` of ``model`` (wrappers unwrapped).
 
     Known families (``config.model_type`` in :data:`FAMILIES`) use their row; other models
-    are matched against generic block / final-norm paths.
+    are matched against generic block / final-norm paths (text towers of multimodal models,
+    ``model.language_model``, included).
 
     Raises:
-        UnknownArchitectureError: if no row fits, naming every path tried and how to pass
-            ``readout=`` and ``decoder_blocks=`` to :class:`~captum_iglens.IGLens` instead.
+        UnknownArchitectureError: if the family is refused (its row says why), or no row fits,
+            naming every path tried and how to pass ``readout=`` and ``decoder_blocks=`` to
+            :class:`~captum_iglens.IGLens` instead.
     """
-    kind = model_type(model)
+    inner, kind = unwrap_model(model), model_type(model)
     row = FAMILIES.get(kind)
+    if row is not None and row.refusal:
+        raise UnknownArchitectureError(
+            f"{type(inner).__name__} (model_type={kind!r}) is not supported: {row.refusal}.")
     candidates = [row] if row is not None else [
-        ArchitectureLayout(b, n) for b in _GENERIC_BLOCKS for n in _GENERIC_NORMS
+        ArchitectureLayout(b, n) for b in GENERIC_BLOCKS for n in GENERIC_NORMS
     ]
     for layout in candidates:
-        blocks = _get_path(model, layout.blocks)
-        norm = _get_path(model, layout.final_norm)
-        if isinstance(blocks, nn.ModuleList) and len(blocks) > 0 and (
-            isinstance(norm, nn.Module) or (norm is None and layout.norm_optional)
-        ):
+        if _fits(inner, layout):
             return layout
-    tried_blocks = [row.blocks] if row is not None else list(_GENERIC_BLOCKS)
-    tried_norms = [row.final_norm] if row is not None else list(_GENERIC_NORMS)
+    tried_blocks = [row.blocks] if row is not None else list(GENERIC_BLOCKS)
+    tried_norms = [row.final_norm] if row is not None else list(GENERIC_NORMS)
     raise UnknownArchitectureError(
-        f"Cannot locate the decoder blocks and final norm of a {type(model).__name__} "
+        f"Cannot locate the decoder blocks and final norm of a {type(inner).__name__} "
         f"(model_type={kind!r}). Tried decoder-block paths {tried_blocks} and final-norm "
         f"paths {tried_norms}. Pass IGLens(model, readout=..., decoder_blocks=...) with a "
         "readout that maps a pre-final-norm residual [..., d] to the model's logits [..., V] "
@@ -181,7 +131,7 @@ def resolve_decoder_blocks(model: nn.Module) -> nn.ModuleList:
     Raises:
         UnknownArchitectureError: as :func:`resolve_layout`.
     """
-    blocks = _get_path(model, resolve_layout(model).blocks)
+    blocks = _get_path(unwrap_model(model), resolve_layout(model).blocks)
     assert isinstance(blocks, nn.ModuleList)
     return blocks
 
@@ -193,7 +143,8 @@ class ModelParts:
     Attributes:
         final_norm (nn.Module or None): The final norm (``None`` only for OPT-350m-style
             layouts, which have none).
-        pre_unembed (tuple of nn.Module): Projections before the unembedding.
+        pre_unembed (tuple of nn.Module): Projections (or MiniCPM3's division) before the
+            unembedding.
         unembed (nn.Module): ``model.get_output_embeddings()``, bias included.
         logit_transform (callable or None): Soft-capping or scaling applied to the logits.
         name (str): The architecture name, for error messages.
@@ -206,29 +157,79 @@ class ModelParts:
     name: str
 
 
+def _refuse_unknown_transform(model: nn.Module, kind: str) -> None:
+    """Refuse a family outside the table whose config names a logit transform."""
+    config = getattr(model, "config", None)
+    configs = [config]
+    if callable(getattr(config, "get_text_config", None)):
+        configs.append(config.get_text_config())  # type: ignore[union-attr]
+    for cfg in configs:
+        for name in TRANSFORM_ATTRIBUTES:
+            value = getattr(cfg, name, None)
+            if value is None or value is False or value == 0 or (
+                    value == 1 and name not in SOFTCAP_ATTRIBUTES):
+                continue
+            raise UnknownArchitectureError(
+                f"{type(model).__name__} (model_type={kind!r}) is not in the family table and "
+                f"its config sets {name}={value!r}: the model transforms its logits in a way "
+                "only its own forward defines, and a readout without it would be silently "
+                "wrong. Pass IGLens(model, readout=...) with a readout that maps a "
+                "pre-final-norm residual [..., d] to the model's own logits [..., V]."
+            )
+
+
 def locate_parts(model: nn.Module) -> ModelParts:
     """Locate the final norm, pre-unembedding projections, unembedding and logit transform.
 
     Raises:
-        UnknownArchitectureError: if the final norm or the unembedding cannot be located.
+        UnknownArchitectureError: if the final norm or the unembedding cannot be located, or
+            the family is outside :data:`FAMILIES` and its config names a logit transform.
     """
-    layout = resolve_layout(model)
-    get_out = getattr(model, "get_output_embeddings", None)
+    layout, inner, kind = resolve_layout(model), unwrap_model(model), model_type(model)
+    if kind not in FAMILIES:
+        _refuse_unknown_transform(inner, kind)
+    get_out = getattr(inner, "get_output_embeddings", None)
     unembed = get_out() if callable(get_out) else None
     if not isinstance(unembed, nn.Module):
         raise UnknownArchitectureError(
-            f"{type(model).__name__}.get_output_embeddings() returned {unembed!r}, not an "
+            f"{type(inner).__name__}.get_output_embeddings() returned {unembed!r}, not an "
             "unembedding module. Pass IGLens(model, readout=...) with your own readout."
         )
-    norm = _get_path(model, layout.final_norm)
+    norm = _get_path(inner, layout.final_norm)
     pre = tuple(
-        m for m in (_get_path(model, p) for p in layout.pre_unembed) if isinstance(m, nn.Module)
+        m for m in (_get_path(inner, p) for p in layout.pre_unembed) if isinstance(m, nn.Module)
     )
-    config = getattr(model, "config", None)
+    config = getattr(inner, "config", None)
+    if layout.hidden_divisor is not None:
+        pre += (HiddenDivisor(float(getattr(config, layout.hidden_divisor))),)
     transform = layout.logit_transform(config) if layout.logit_transform is not None else None
-    return ModelParts(
-        norm if isinstance(norm, nn.Module) else None, pre, unembed, transform, model_type(model)
-    )
+    return ModelParts(norm if isinstance(norm, nn.Module) else None, pre, unembed, transform, kind)
+
+
+def max_sequence_length(model: nn.Module) -> Optional[int]:
+    """The longest token sequence the model can position, or ``None`` for no fixed limit.
+
+    A learned absolute position table next to the decoder blocks (GPT-2's and GPT-Neo's
+    ``wpe``, OPT's ``embed_positions`` less its offset of 2, GPT-BigCode's ``wpe``) and the
+    fixed-size tables a row names (GPT-J's sinusoids, MPT's ALiBi) set the limit; rotary and
+    on-the-fly ALiBi families have none. Models whose layout is unknown give ``None``.
+    """
+    inner = unwrap_model(model)
+    try:
+        layout = resolve_layout(inner)
+    except UnknownArchitectureError:
+        return None
+    parent_path = layout.blocks.rpartition(".")[0]
+    parent = _get_path(inner, parent_path) if parent_path else inner
+    limits = []
+    for name in POSITION_TABLES:
+        table = _get_path(parent, name) if isinstance(parent, nn.Module) else None
+        if isinstance(table, nn.Embedding):
+            limits.append(table.num_embeddings - int(getattr(table, "offset", 0) or 0))
+    value = _get_path(inner, f"config.{layout.max_length}") if layout.max_length else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        limits.append(value)
+    return min(limits) if limits else None
 
 
 def display_name(model: nn.Module) -> str:
@@ -237,7 +238,8 @@ def display_name(model: nn.Module) -> str:
     A local folder's path would reveal the user's directory layout in shared result files,
     so only its last component is kept; without a name, ``config.model_type``.
     """
-    raw = str(getattr(getattr(model, "config", None), "_name_or_path", "") or "")
+    config = getattr(unwrap_model(model), "config", None)
+    raw = str(getattr(config, "_name_or_path", "") or "")
     if not raw:
         return model_type(model)
     parts = [p for p in raw.replace("\\", "/").split("/") if p]
@@ -246,8 +248,8 @@ def display_name(model: nn.Module) -> str:
 
 
 def input_embeddings(model: nn.Module) -> Optional[nn.Module]:
-    """``model.get_input_embeddings()``, or ``None`` where the model has none."""
-    get_in = getattr(model, "get_input_embeddings", None)
+    """``model.get_input_embeddings()`` (wrappers unwrapped), or ``None`` where there is none."""
+    get_in = getattr(unwrap_model(model), "get_input_embeddings", None)
     emb = get_in() if callable(get_in) else None
     return emb if isinstance(emb, nn.Module) else None
 
@@ -260,5 +262,5 @@ def vocab_size(model: nn.Module) -> Optional[int]:
     """
     size = getattr(input_embeddings(model), "num_embeddings", None)
     if size is None:
-        size = getattr(getattr(model, "config", None), "vocab_size", None)
+        size = getattr(getattr(unwrap_model(model), "config", None), "vocab_size", None)
     return int(size) if size is not None else None
