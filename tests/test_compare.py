@@ -77,6 +77,7 @@ def _endpoint_tol(model, ids: torch.Tensor, report, mask=None) -> tuple[torch.Te
     return f32_tol(sens[-1], sens[-1], n_terms=n), f32_tol(sens[0], sens[0], n_terms=n)
 
 
+@pytest.mark.numerics
 def test_ig_lens_is_complete_and_matches_iglens(report, tiny4) -> None:
     ig = report["ig_lens"]
     assert report.layer_indices == [1, 2, 3, 4]
@@ -116,6 +117,7 @@ def test_lig_each_layer_total_is_the_whole_change(report) -> None:
     assert lig.layer_sum == pytest.approx(4 * change, rel=0.05)
 
 
+@pytest.mark.numerics
 def test_layer_conductance_runs_and_reports_deltas(report, tiny4) -> None:
     lc = report["layer_conductance"]
     k = len(report.layer_indices)
@@ -146,6 +148,7 @@ def test_layer_conductance_runs_and_reports_deltas(report, tiny4) -> None:
     assert lc.completeness_gap > 0.5 * abs(lc.total)
 
 
+@pytest.mark.numerics
 def test_logit_lens_levels_end_at_the_model_probability(report, tiny4) -> None:
     lens = report["logit_lens"]
     assert not lens.is_credit and math.isnan(lens.completeness_gap)
@@ -208,6 +211,7 @@ def test_layer_zero_is_the_embedding_output(tiny4) -> None:
     assert float(rep["layer_integrated_gradients"].per_layer[0]) == float(attr.double().sum())
 
 
+@pytest.mark.numerics
 def test_gradient_estimator_and_method_order(tiny4) -> None:
     rep = compare_completeness(tiny4, _ids(), layers=[2, 4], n_steps=N_STEPS,
                                methods=["ig_lens_gradient", "ig_lens"])
@@ -288,6 +292,7 @@ def test_dict_table_and_plot(report) -> None:
     assert totals == sorted(m.total for m in report.methods.values() if m.is_credit)
 
 
+@pytest.mark.numerics
 def test_left_padding_gives_the_unpadded_numbers(tiny4, report) -> None:
     """The attention mask (and position ids from it) reach every method's forward."""
     ids = _ids()
@@ -315,6 +320,7 @@ def test_left_padding_gives_the_unpadded_numbers(tiny4, report) -> None:
                                report["layer_integrated_gradients"].per_layer, atol=1e-4, rtol=0)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("family", ["gpt2", "falcon", "bloom", "mpt", "gpt_neo", "opt_350m"])
 def test_compare_runs_on_blocks_with_tuple_outputs_and_none_inputs(family):
     """GPT-2/Falcon blocks take None positional inputs, Bloom/MPT/GPT-Neo return tuples with

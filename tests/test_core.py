@@ -56,6 +56,7 @@ def test_readout_reproduces_model_logits(tiny_model, input_ids):
     assert ((out.p_final - expected).abs() <= tol).all()
 
 
+@pytest.mark.numerics
 def test_last_hidden_state_is_post_norm_and_not_read_twice(tiny_llama, input_ids):
     """hidden_states[-1] is already normalised in transformers 5: normalising it again (the
     reference script's bug) breaks Invariant R, while the hooked residual satisfies it."""
@@ -108,6 +109,7 @@ def test_completeness_default_estimator(tiny_model, input_ids, n_steps, dtype):
     assert attr.abs().max() > 1e3 * max(float(bound.max()), float(tol.max()))
 
 
+@pytest.mark.numerics
 def test_gradient_estimators_converge(tiny_llama, input_ids):
     lens = IGLens(tiny_llama)
     for method in GRADIENT_METHODS:
@@ -215,6 +217,7 @@ def test_layers_modules_ints_and_last_block():
     assert attr.shape == (1, 3)
 
 
+@pytest.mark.numerics
 def test_default_baseline_does_not_depend_on_the_chosen_layers(tiny_llama, input_ids):
     """The "mean" baseline is the mean of h_1 whatever the layers: the same token has the
     same p_baseline and delta_p with all layers, with layers from 0, and with two layers."""

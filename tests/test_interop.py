@@ -39,6 +39,7 @@ def result():
     return explain_ids(model, PROMPT, ANSWER, layers=[0, 2, 3, 4])
 
 
+@pytest.mark.numerics
 def test_to_captum_round_trip(result) -> None:
     res = result.to_captum()
     assert isinstance(res, LLMAttributionResult)
@@ -90,6 +91,7 @@ def test_result_plot(result, tmp_path) -> None:
         np.testing.assert_array_equal(line.get_ydata(), result.lens_probs[t].numpy())
 
 
+@pytest.mark.numerics
 def test_llm_gradient_attribution_path(smollm2) -> None:
     model, tokenizer = smollm2
     assert issubclass(LLMIGLensAttribution, LLMGradientAttribution)

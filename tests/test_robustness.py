@@ -318,6 +318,7 @@ def test_multi_token_string_target_refused_with_ids() -> None:
         target_token_id(tok, "")
 
 
+@pytest.mark.numerics
 def test_multi_token_string_target_explained_each() -> None:
     """explain(..., target=text) explains every token of the target, teacher-forced: the ids
     are reported, rows match IGLens on prompt + target at the right positions, and the
