@@ -17,13 +17,14 @@ from captum_iglens._inputs import (
     PositionSpec,
     TargetSpec,
     check_not_padding,
+    check_sequence_length,
     check_token_ids,
     forward_kwargs,
     forward_parameters,
     normalise_positions,
     normalise_target,
 )
-from captum_iglens.architectures import vocab_size
+from captum_iglens.architectures import max_sequence_length, vocab_size
 from captum_iglens.baselines import (
     MEAN_BASELINE_LAYER,
     BaselineSpec,
@@ -32,6 +33,7 @@ from captum_iglens.baselines import (
     residual_baseline,
 )
 from captum_iglens.estimators import PathNodes
+from captum_iglens.readout import ModelDistribution
 from captum_iglens.residual import execution_device, forward_with_capture
 
 __all__ = ["PathCapture", "capture_path"]
@@ -48,6 +50,8 @@ class PathCapture:
         positions (list[int]): The ``P`` explained positions (non-negative).
         single (bool): Whether one int position was asked for.
         baseline (str): What the paths start from.
+        reference (ModelDistribution, optional): The model's own next-token distribution
+            ``[B, P, V]`` at the explained positions, for the readout check.
     """
 
     path: PathNodes
@@ -56,19 +60,18 @@ class PathCapture:
     positions: list[int]
     single: bool
     baseline: str
+    reference: Optional[ModelDistribution] = None
 
 
 def _readout_device(readout: Callable[[Tensor], Tensor]) -> Optional[torch.device]:
     return execution_device(readout) if isinstance(readout, nn.Module) else None
 
 
-def _model_log_probs(logits: Tensor, positions: list[int], seq_len: int,
-                     device: Optional[torch.device]) -> Tensor:
+def _model_distribution(logits: Tensor, positions: list[int], seq_len: int,
+                        device: Optional[torch.device]) -> ModelDistribution:
     if logits.shape[1] == seq_len:
         logits = logits[:, positions]
-    logits = logits.to(device) if device is not None else logits
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    return torch.log_softmax(logits.to(wide), dim=-1)
+    return ModelDistribution.from_logits(logits.to(device) if device is not None else logits)
 
 
 def capture_path(
@@ -91,6 +94,7 @@ def capture_path(
         ValueError, TypeError: bad inputs, positions, targets or baselines (see
             :mod:`captum_iglens._inputs` and :mod:`captum_iglens.baselines`).
         FloatingPointError: NaN or inf in a residual.
+        ResidualShapeError: a decoder block's output is not a ``[B, S, d]`` residual stream.
     """
     vocab = vocab_size(model)
     inputs = check_token_ids(inputs, vocab)
@@ -99,6 +103,7 @@ def capture_path(
     pos_list, single = normalise_positions(positions, inputs.shape[1])
     params = forward_parameters(model)
     kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
+    check_sequence_length(max_sequence_length(model), inputs, kwargs)
     check_not_padding(mask, pos_list)
     needed = set(layer_indices)
     if isinstance(baselines, str) and baselines in ("embedding", "mean"):
@@ -109,7 +114,8 @@ def capture_path(
         kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
     device = _readout_device(readout)
     states, logits = forward_with_capture(model, blocks, inputs, kwargs, needed, device, mask)
-    log_probs = _model_log_probs(logits, pos_list, inputs.shape[1], device)
+    dist = _model_distribution(logits, pos_list, inputs.shape[1], device)
+    log_probs = dist.log_probs
     tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
                            log_probs.shape[-1])
     hidden = torch.stack([states[i][:, pos_list] for i in layer_indices], dim=2)
@@ -125,5 +131,5 @@ def capture_path(
         path=PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt),
         model_probs=log_probs.gather(-1, tgt[..., None])[..., 0].exp(),
         model_argmax=log_probs.argmax(-1),
-        positions=pos_list, single=single, baseline=name,
+        positions=pos_list, single=single, baseline=name, reference=dist,
     )

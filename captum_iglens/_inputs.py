@@ -14,11 +14,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.architectures import unwrap_model
+
 __all__ = [
     "LayerSpec",
     "PositionSpec",
     "TargetSpec",
     "check_not_padding",
+    "check_sequence_length",
     "check_token_ids",
     "forward_kwargs",
     "forward_parameters",
@@ -232,8 +235,13 @@ def normalise_target(
 
 
 def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
-    """The parameters of ``model.forward``."""
-    return inspect.signature(model.forward).parameters
+    """The parameters of the model's ``forward``, read through compile and adapter wrappers.
+
+    ``torch.compile(model)`` and PEFT adapters expose ``forward(*args, **kwargs)``; the inner
+    model's signature (:func:`~captum_iglens.architectures.unwrap_model`) says which keyword
+    arguments (``position_ids``, ``use_cache``, ``logits_to_keep``) the call may pass.
+    """
+    return inspect.signature(unwrap_model(model).forward).parameters
 
 
 def position_ids_from_mask(mask: Tensor) -> Tensor:
@@ -241,7 +249,12 @@ def position_ids_from_mask(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _kwargs_from_args(additional_forward_args: Any, params: Sequence[str]) -> dict[str, Any]:
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def _kwargs_from_args(
+    additional_forward_args: Any, params: Mapping[str, inspect.Parameter]
+) -> dict[str, Any]:
     if additional_forward_args is None:
         return {}
     if isinstance(additional_forward_args, Tensor):
@@ -249,7 +262,10 @@ def _kwargs_from_args(additional_forward_args: Any, params: Sequence[str]) -> di
     if isinstance(additional_forward_args, dict):
         return dict(additional_forward_args)
     if isinstance(additional_forward_args, (tuple, list)):
-        names = [p for p in params if p not in ("input_ids", "self")]
+        # The attention mask first (GPT-2, Bloom, Falcon and GPT-J take the KV cache second).
+        rest = [n for n, p in params.items() if p.kind not in _VARIADIC
+                and n not in ("self", "input_ids", "attention_mask")]
+        names = ["attention_mask", *rest]
         return {n: v for n, v in zip(names, additional_forward_args, strict=False) if v is not None}
     raise TypeError(
         "additional_forward_args must be an attention mask tensor, a tuple of positional "
@@ -262,16 +278,19 @@ def forward_kwargs(
 ) -> tuple[dict[str, Any], Optional[Tensor]]:
     """Keyword arguments for ``model(input_ids, **kwargs)`` and the attention mask.
 
-    ``additional_forward_args`` is an attention mask ``[B, S]``, a tuple of the forward's
-    positional arguments after ``input_ids``, or a dict of keyword arguments. With a mask,
-    ``position_ids`` are derived from it for models whose forward takes them (left padding);
-    ``use_cache=False`` is set where the forward takes it.
+    ``additional_forward_args`` is an attention mask ``[B, S]``, a dict of keyword arguments,
+    or a Captum-style tuple whose first element is the attention mask (``None`` for none) and
+    whose further elements follow the forward's parameters after ``input_ids``, with
+    ``attention_mask`` left out (for every family, also those whose second parameter is the KV
+    cache). With a mask, ``position_ids`` are derived from it for models whose forward takes
+    them (left padding); ``use_cache=False`` is set where the forward takes it. ``params``
+    come from :func:`forward_parameters` (wrappers unwrapped).
 
     Raises:
         TypeError: an unsupported type.
         ValueError: a mask whose shape differs from ``input_ids``.
     """
-    kwargs = _kwargs_from_args(additional_forward_args, list(params))
+    kwargs = _kwargs_from_args(additional_forward_args, params)
     mask = kwargs.get("attention_mask")
     if mask is not None:
         if mask.shape != input_ids.shape:
@@ -284,6 +303,33 @@ def forward_kwargs(
     if "use_cache" in params:
         kwargs["use_cache"] = False
     return kwargs, mask
+
+
+def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mapping[str, Any]
+                          ) -> None:
+    """Refuse inputs longer than the model's position table, before any forward pass.
+
+    Args:
+        limit (int, optional): :func:`~captum_iglens.architectures.max_sequence_length`
+            (``None``: no limit).
+        input_ids (Tensor): ``[B, S]`` token ids.
+        kwargs (mapping): The forward's keyword arguments; with ``position_ids`` (derived
+            from a left-padded mask) the largest position counts, else the length ``S``.
+
+    Raises:
+        ValueError: naming the length and the limit.
+    """
+    if limit is None:
+        return
+    position_ids = kwargs.get("position_ids")
+    length = (int(position_ids.max()) + 1 if isinstance(position_ids, Tensor)
+              and position_ids.numel() else int(input_ids.shape[1]))
+    if length > limit:
+        raise ValueError(
+            f"The input is {length} tokens long but this model positions at most {limit} "
+            "tokens (its position table has no row beyond that): shorten the input to "
+            f"{limit} tokens or fewer."
+        )
 
 
 def check_not_padding(mask: Optional[Tensor], positions: list[int]) -> None:

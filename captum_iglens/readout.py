@@ -5,7 +5,9 @@ model itself does after its last decoder block: the final norm, any projection b
 unembedding (OPT's ``project_out``), the unembedding (``lm_head`` with its bias, if any) and
 any transformation of the logits (Gemma-2/3 soft-capping, Cohere's ``logit_scale``,
 Granite's ``logits_scaling``). Invariant R: ``f_y(h_n[pos])`` equals the model's own
-``softmax(logits[pos])[y]``; :func:`check_readout` verifies it on every IG-Lens call.
+``softmax(logits[pos])[y]``; :func:`check_readout` verifies it on every IG-Lens call, for the
+explained target and for the whole next-token distribution (so a readout that misses a logit
+transform is caught at low-probability targets too).
 
 Readout evaluations are chunked (``internal_batch_size`` rows at a time) and only the
 target column of the ``[rows, V]`` probabilities is kept, so memory never grows with
@@ -19,14 +21,23 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._distribution import (
+    ModelDistribution,
+    distribution_tolerance,
+    log_prob_errors,
+)
 from captum_iglens.architectures import locate_parts
 
 __all__ = [
     "LensReadout",
+    "ModelDistribution",
     "ReadoutMismatchError",
+    "check_distribution",
     "check_readout",
     "chunk_rows",
+    "distribution_tolerance",
     "readout_probs",
+    "readout_top_k",
     "resolve_readout",
     "target_log_probs",
 ]
@@ -143,15 +154,108 @@ def target_log_probs(readout: Readout, points: Tensor, targets: Tensor) -> Tenso
     return log_probs.gather(-1, targets[:, None].to(log_probs.device))[:, 0]
 
 
-def readout_probs(readout: Readout, points: Tensor, targets: Tensor, chunk: int) -> Tensor:
-    """``f_target(points)`` for ``points [N, d]`` in chunks of ``chunk`` rows: ``[N]``."""
+def readout_probs(
+    readout: Readout, points: Tensor, targets: Tensor, chunk: int, log: bool = False
+) -> Tensor:
+    """``f_target(points)`` for ``points [N, d]`` in chunks of ``chunk`` rows: ``[N]``.
+
+    Probabilities, or log-probabilities (nats) with ``log=True``.
+    """
     out = []
     with torch.no_grad():
         for start in range(0, points.shape[0], chunk):
             rows, tgt = pad_rows(points[start:start + chunk], targets[start:start + chunk])
             n_real = min(chunk, points.shape[0] - start)
-            out.append(target_log_probs(readout, rows, tgt)[:n_real].exp())
+            values = target_log_probs(readout, rows, tgt)[:n_real]
+            out.append(values if log else values.exp())
     return torch.cat(out)
+
+
+def readout_top_k(readout: Readout, points: Tensor, k: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """The logit lens's ``k`` most probable tokens at each of ``points [N, d]``.
+
+    Returns:
+        (probs, ids): ``[N, k]`` float32 probabilities (descending) and int64 token ids.
+    """
+    probs, ids = [], []
+    with torch.no_grad():
+        for start in range(0, points.shape[0], chunk):
+            rows, _ = pad_rows(points[start:start + chunk],
+                               torch.zeros(min(chunk, points.shape[0] - start),
+                                           dtype=torch.long, device=points.device))
+            n_real = min(chunk, points.shape[0] - start)
+            top = torch.softmax(readout(rows)[:n_real].float(), dim=-1).topk(k, dim=-1)
+            probs.append(top.values)
+            ids.append(top.indices)
+    return torch.cat(probs), torch.cat(ids)
+
+
+def _distribution_errors(
+    readout: Readout, hidden: Tensor, reference: Tensor, chunk: int, name: str
+) -> Tensor:
+    """``max_v |log_softmax(readout(h))_v - reference_v|`` per row of ``hidden [N, d]``: ``[N]``.
+
+    Chunks of ``chunk`` rows keep memory at ``chunk x V`` (see :func:`log_prob_errors`).
+
+    Raises:
+        ReadoutMismatchError: the readout's vocabulary has another size than the model's.
+    """
+    out = []
+    dummy = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
+    with torch.no_grad():
+        for start in range(0, hidden.shape[0], chunk):
+            rows, _ = pad_rows(hidden[start:start + chunk], dummy[start:start + chunk])
+            ref = reference[start:start + chunk]
+            logits = readout(rows)[: ref.shape[0]]
+            if logits.shape != ref.shape:
+                raise ReadoutMismatchError(
+                    f"Invariant R failed for architecture {name!r}: the lens readout gives "
+                    f"{logits.shape[-1]} logits per position, the model {ref.shape[-1]}; pass "
+                    "IGLens(model, readout=...) with the model's own logits map.")
+            out.append(log_prob_errors(logits, ref))
+    return torch.cat(out)
+
+
+def check_distribution(
+    readout: Readout,
+    hidden: Tensor,
+    reference: ModelDistribution,
+    model_dtype: torch.dtype,
+    chunk: Optional[int] = None,
+    name: str = "",
+) -> None:
+    """Check the readout's whole next-token distribution of ``h_n`` against the model's own.
+
+    Args:
+        readout (callable): The readout (pre-final-norm residual ``[N, d]`` -> logits ``[N, V]``).
+        hidden (Tensor): ``[B, P, d]`` the last block's residuals at the explained positions.
+        reference (ModelDistribution): The model's own log-probabilities ``[B, P, V]``.
+        model_dtype (torch.dtype): The model's dtype, for :func:`distribution_tolerance`.
+        chunk (int, optional): Rows per readout call (default ``2**24 // V``).
+        name (str): The architecture, for the message.
+
+    Raises:
+        ReadoutMismatchError: some log-probability differs by more than the tolerance.
+    """
+    batch, n_pos, d = hidden.shape
+    vocab = reference.log_probs.shape[-1]
+    err = _distribution_errors(readout, hidden.reshape(-1, d),
+                               reference.log_probs.reshape(batch * n_pos, -1),
+                               chunk_rows(chunk, vocab), name)
+    tol = distribution_tolerance(model_dtype, d, reference.logit_max.reshape(-1))
+    ratio = err.double() / tol
+    worst = int(ratio.argmax())
+    if bool(ratio[worst] > 1):
+        row, col = divmod(worst, n_pos)
+        raise ReadoutMismatchError(
+            f"Invariant R failed for architecture {name!r}: the lens readout of the last "
+            f"block's residual gives another next-token distribution than the model (row "
+            f"{row}, explained position {col}: a log-probability differs by "
+            f"{float(err[worst]):.3g} nats, tolerance {float(tol[worst]):.3g}). The resolved "
+            "final norm / unembedding / logit transform do not reproduce this model's logits; "
+            "pass IGLens(model, readout=...) with a callable that maps a pre-final-norm "
+            "residual [..., d] to the model's logits [..., V]."
+        )
 
 
 def check_readout(
@@ -161,8 +265,12 @@ def check_readout(
     model_dtype: torch.dtype,
     fallback_name: str = "",
     verify: bool = True,
+    *,
+    hidden: Optional[Tensor] = None,
+    reference: Optional[ModelDistribution] = None,
+    chunk: Optional[int] = None,
 ) -> None:
-    """Check that the readout is finite and reproduces the model's probability (Invariant R).
+    """Check that the readout is finite and reproduces the model's output (Invariant R).
 
     Args:
         readout (callable): The readout, for its ``name`` in messages.
@@ -173,10 +281,15 @@ def check_readout(
             1e-4 in float32, 2e-2 in half precision).
         fallback_name (str): Name used when the readout has none.
         verify (bool): Compare with the model (False: only the finite check).
+        hidden (Tensor, optional): ``[B, P, d]`` the residuals ``h_n``; with ``reference``,
+            the whole next-token distribution is compared (:func:`check_distribution`).
+        reference (ModelDistribution, optional): The model's own distribution ``[B, P, V]``.
+        chunk (int, optional): Rows per readout call for the distribution check.
 
     Raises:
         FloatingPointError: NaN or inf in the readout of finite residuals.
-        ReadoutMismatchError: ``|f(h_n) - p_model|`` above the tolerance.
+        ReadoutMismatchError: ``|f(h_n) - p_model|`` above the tolerance, or another
+            next-token distribution (see :func:`check_distribution`).
     """
     name = getattr(readout, "name", "") or fallback_name
     if not bool(torch.isfinite(node_probs).all()):
@@ -197,3 +310,5 @@ def check_readout(
             "this model's logits; pass IGLens(model, readout=...) with a callable that maps "
             "a pre-final-norm residual [..., d] to the model's logits [..., V]."
         )
+    if hidden is not None and reference is not None:
+        check_distribution(readout, hidden, reference, model_dtype, chunk, name)

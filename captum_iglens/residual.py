@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from captum_iglens.architectures import input_embeddings
 
 __all__ = [
+    "ResidualShapeError",
     "capture_residual_stream",
     "execution_device",
     "forward_with_capture",
@@ -82,6 +83,25 @@ def _block_input(args: tuple, kwargs: dict) -> Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+class ResidualShapeError(ValueError):
+    """A decoder block's input or output is not a ``[B, S, d]`` residual stream."""
+
+
+def _check_shape(index: int, hidden: Tensor, shape: tuple[int, int], block: nn.Module) -> None:
+    """Raise unless ``hidden`` is ``[B, S, d]`` for the input's ``(B, S)``."""
+    if hidden.dim() == 3 and tuple(hidden.shape[:2]) == shape:
+        return
+    where = ("the input of decoder block 1" if index == 0
+             else f"the output of decoder block {index}")
+    raise ResidualShapeError(
+        f"IG-Lens reads one residual vector per token, but {where} "
+        f"({type(block).__name__}) has shape {list(hidden.shape)}, not a [B, S, d] = "
+        f"[{shape[0]}, {shape[1]}, d] residual stream of the whole input (e.g. a stacked "
+        "[n_copies, B, S, d] residual, or positions dropped inside the model). This model "
+        "is not supported; no lens readout of its blocks exists."
+    )
+
+
 @contextmanager
 def capture_residual_stream(
     blocks: nn.ModuleList,
@@ -89,6 +109,7 @@ def capture_residual_stream(
     device: Optional[torch.device] = None,
     finite: Optional[dict[int, Tensor]] = None,
     mask: Optional[Tensor] = None,
+    shape: Optional[tuple[int, int]] = None,
 ) -> Iterator[dict[int, Tensor]]:
     """Record the residual stream ``h_l`` for the requested hidden-state indices.
 
@@ -103,6 +124,12 @@ def capture_residual_stream(
             positions where ``mask`` is nonzero). No host synchronisation is forced, so the
             first non-finite block can be named after the forward pass.
         mask (Tensor, optional): ``[B, S]`` attention mask for the ``finite`` check.
+        shape (tuple of int, optional): The input's ``(B, S)``: every recorded tensor must be
+            ``[B, S, d]``.
+
+    Raises:
+        ResidualShapeError: (during the forward pass, with ``shape``) a block's input or
+            output is not ``[B, S, d]``, naming the block.
 
     Yields:
         dict[int, Tensor]: filled during the forward pass with ``h_l`` of shape
@@ -114,6 +141,8 @@ def capture_residual_stream(
     masks: dict[torch.device, Tensor] = {}
 
     def keep(index: int, hidden: Tensor) -> None:
+        if shape is not None:
+            _check_shape(index, hidden, shape, blocks[max(index - 1, 0)])
         hidden = hidden.detach()
         if finite is not None:
             valid = hidden
@@ -191,10 +220,12 @@ def forward_with_capture(
 
     Raises:
         FloatingPointError: NaN or inf in a residual (the first such index is named).
+        ResidualShapeError: a block's input or output is not ``[B, S, d]`` (block named).
     """
     finite: dict[int, Tensor] = {}
     with model_state_preserved(model), torch.no_grad():
-        with capture_residual_stream(blocks, layer_indices, device, finite=finite, mask=mask) as st:
+        with capture_residual_stream(blocks, layer_indices, device, finite=finite, mask=mask,
+                                     shape=tuple(input_ids.shape[:2])) as st:
             output = model(input_ids, **forward_kwargs)
     _check_finite(model, blocks, finite)
     logits = output.logits if hasattr(output, "logits") else output[0]
