@@ -150,8 +150,10 @@ FAMILIES: dict[str, ArchitectureLayout] = {
     **dict.fromkeys(("gemma3n", "gemma3n_text"), _llama(refusal=_ALTUP)),
     "phi": ArchitectureLayout("model.layers", "model.final_layernorm"),
     "gpt2": ArchitectureLayout("transformer.h", "transformer.ln_f"),
-    "gptj": ArchitectureLayout("transformer.h", "transformer.ln_f",
-                               max_length="max_position_embeddings"),
+    # GPT-J and CodeGen index a fixed sinusoid table of max_position_embeddings rows.
+    **dict.fromkeys(("gptj", "codegen"), ArchitectureLayout(
+        "transformer.h", "transformer.ln_f", max_length="max_position_embeddings")),
+    "gpt_bigcode": ArchitectureLayout("transformer.h", "transformer.ln_f"),
     "gpt_neo": ArchitectureLayout("transformer.h", "transformer.ln_f"),
     "falcon": ArchitectureLayout("transformer.h", "transformer.ln_f"),
     "bloom": ArchitectureLayout("transformer.h", "transformer.ln_f"),
