@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from captum_iglens._inputs import LayerSpec
-from captum_iglens.architectures import display_name
+from captum_iglens.architectures import display_name, max_sequence_length
 from captum_iglens.baselines import BASELINE_DESCRIPTIONS
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import (
@@ -84,10 +84,18 @@ def generate_answer(
         list[int]: The generated token ids (the end token included when the model emitted it).
 
     Raises:
-        ValueError: ``max_new_tokens < 1``.
+        ValueError: ``max_new_tokens < 1``, or the prompt plus ``max_new_tokens`` is longer
+            than the model's position table (checked before generating).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    limit = max_sequence_length(model)
+    if limit is not None and len(prompt_ids) + max_new_tokens > limit:
+        raise ValueError(
+            f"The prompt is {len(prompt_ids)} tokens and max_new_tokens is {max_new_tokens}: "
+            f"{len(prompt_ids) + max_new_tokens} tokens, but this model positions at most "
+            f"{limit} tokens. Shorten the prompt or lower max_new_tokens."
+        )
     ids = torch.tensor([list(prompt_ids)], device=input_device(model))
     with model_state_preserved(model), torch.no_grad(), \
             _neutral_generation_config(model, tokenizer, max_new_tokens) as config:
