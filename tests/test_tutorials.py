@@ -9,7 +9,8 @@ import pytest
 from nbclient import NotebookClient
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
-NOTEBOOKS = ["Getting_started_with_IG_Lens.ipynb", "Completeness_IG_Lens_vs_Captum.ipynb"]
+NOTEBOOKS = ["Getting_started_with_IG_Lens.ipynb", "Completeness_IG_Lens_vs_Captum.ipynb",
+             "Causal_validation_of_IG_Lens.ipynb"]
 
 
 def test_notebooks_are_committed_without_outputs() -> None:

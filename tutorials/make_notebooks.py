@@ -230,6 +230,149 @@ def completeness() -> nbformat.NotebookNode:
     return new_notebook(cells=cells, metadata=_metadata())
 
 
+def causal_validation() -> nbformat.NotebookNode:
+    cells = [
+        new_markdown_cell(
+            "# Causal validation of IG-Lens\n\n"
+            "IG-Lens (arXiv:2606.29693) credits each decoder block with a **conditional "
+            "marginal**: how much more probability of the token the final norm and unembedding "
+            "can read out of the residual stream after the block than before it. That is a "
+            "statement about the readout, not about causation. Here we ask the causal question "
+            "directly: *when a block's contribution is switched off, does the prediction suffer "
+            "most at the blocks IG-Lens credits most?* A weak or negative answer is a legitimate "
+            "result; an untested claim is not.\n\n"
+            "The test ablates the residual update `u_L = h_L - h_(L-1)` of one block at the "
+            "explained position only (the later blocks run on the changed stream) and measures "
+            "the drop `p(y | clean) - p(y | ablated)`. Runs offline in a few minutes on a CPU."
+        ),
+        new_code_cell(SETUP),
+        new_markdown_cell(
+            "## One token, by hand\n\n"
+            "`BlockAblation.trace` runs one clean forward and keeps the residual stream and the "
+            "KV cache. `ablate` then runs, for each explained position, one single-token "
+            "forward over the cached prefix with a batch of `1 + 30` rows: a clean row, and row "
+            "`L` with block `L`'s update removed (`zero`: `h_L := h_(L-1)` at that position). "
+            "Every call checks itself: the clean row must reproduce the model's probability, one "
+            "cached ablation must equal a full-sequence hooked forward, and the last block's "
+            "drop must equal its IG-Lens credit (both are `f(h_30) - f(h_29)`)."
+        ),
+        new_code_cell(
+            "import torch\n\n"
+            "from captum_iglens import explain\n"
+            "from captum_iglens.ablation import BlockAblation\n\n"
+            "res = explain(model, tokenizer, \"What is the capital of France? Answer in one "
+            "word.\",\n"
+            "              max_new_tokens=8)\n"
+            "t = next((i for i, tok in enumerate(res.tokens) if tok.strip() == \"Paris\"), 0)\n"
+            "print(\"answer:\", res.answer, \"| token explained:\", repr(res.tokens[t]))\n"
+            "ablation = BlockAblation(model)\n"
+            "trace = ablation.trace(torch.tensor(res.input_ids))\n"
+            "out = ablation.ablate(trace, [res.positions[t]], torch.tensor([res.token_ids[t]]),\n"
+            "                      kinds=(\"zero\",), p_final=res.p_final[[t]],\n"
+            "                      last_credit=res.attributions[[t], -1])\n"
+            "print(\"checks, largest |error|:\", out.check_errors)\n"
+            "drop, credit = out.drops[\"zero\"][0], res.attributions[t]\n"
+            "print(f\"{'block':>5} {'IG-Lens credit':>15} {'lens p':>8} {'zero drop':>10}\")\n"
+            "for layer in range(1, 31):\n"
+            "    print(f\"{layer:>5} {float(credit[layer - 1]):>+15.4f} \"\n"
+            "          f\"{float(res.lens_probs[t, layer - 1]):>8.4f} \"\n"
+            "          f\"{float(drop[layer - 1]):>+10.4f}\")\n"
+            "assert abs(float(drop[-1] - credit[-1])) <= ablation.tolerance"
+        ),
+        new_code_cell(
+            "from matplotlib.figure import Figure\n\n"
+            "fig = Figure(figsize=(8, 3.5), layout=\"constrained\")\n"
+            "ax = fig.subplots()\n"
+            "ax.plot(range(1, 31), credit, \"k-o\", ms=3, label=\"IG-Lens credit\")\n"
+            "ax.plot(range(1, 31), drop, \"C0-s\", ms=3, label=\"zero-ablation drop\")\n"
+            "ax.axhline(0, color=\"0.6\", lw=0.8)\n"
+            "ax.set_xlabel(\"decoder block\")\n"
+            "ax.set_ylabel(\"probability\")\n"
+            "ax.set_title(f\"{res.tokens[t]!r}: credit vs causal drop, block by block\")\n"
+            "ax.legend()\n"
+            "fig"
+        ),
+        new_markdown_cell(
+            "## The experiment on a few prompts\n\n"
+            "`validate` explains every prompt (chat template, greedy answer), ablates every "
+            "block at every answer token with `p_final >= 0.2` in three ways (`zero`; `mean`: "
+            "the update replaced by its mean over the other prompts' positions, position 0 "
+            "excluded; `resample`: the update taken from another prompt at the same answer "
+            "offset), and scores per token how well each predictor ranks the 30 blocks by their "
+            "drop. The baselines matter as much as IG-Lens: \"first layer\" and \"last layer\" "
+            "always, random scores, and the average drop profile of the *other* prompts. Six "
+            "prompts and four answer tokens each keep this quick; the confidence intervals "
+            "(prompts resampled) are correspondingly wide."
+        ),
+        new_code_cell(
+            "from captum_iglens.validate import load_prompts, validate\n\n"
+            "prompts = load_prompts()  # the frozen set shipped with the package\n"
+            "few = [prompts[i] for i in (0, 8, 14, 21, 26, 28)]\n"
+            "result = validate(model, tokenizer, few, max_new_tokens=4, n_boot=200,\n"
+            "                  progress=False)\n"
+            "print(result.format_table())"
+        ),
+        new_code_cell("fig = result.plot()\nfig"),
+        new_markdown_cell(
+            "## Where the damage is, and where the credit is\n\n"
+            "For each ablation kind, which block hurts most when ablated (block: number of "
+            "tokens), and which block IG-Lens credits most; then block 1 on its own."
+        ),
+        new_code_cell(
+            "import numpy as np\n\n"
+            "def counts(columns):\n"
+            "    found = np.bincount(columns + 1, minlength=31)[1:]\n"
+            "    return {block + 1: int(c) for block, c in enumerate(found) if c}\n\n"
+            "for kind in result.kinds:\n"
+            "    print(f\"largest {kind} drop at block:\", counts(result.drops[kind].argmax(1)))\n"
+            "print(\"largest IG-Lens credit at block:\", counts(result.credits.argmax(1)))\n"
+            "p = np.array([t[\"p_final\"] for t in result.tokens])\n"
+            "drop1, credit1 = result.drops[\"zero\"][:, 0], result.credits[:, 0]\n"
+            "print(f\"block 1: mean zero drop {drop1.mean():.3f} of mean p {p.mean():.3f}; \"\n"
+            "      f\"median credit {np.median(credit1):+.4f}; median lens probability \"\n"
+            "      f\"f(h_1) {np.median(result.lens_probs[:, 0]):.1e}\")"
+        ),
+        new_markdown_cell(
+            "## Reading it honestly\n\n"
+            "Six prompts give wide intervals; the run on the full packaged set (`iglens "
+            "validate`, 313 tokens from 32 prompts) reads the same way:\n\n"
+            "- **Block 1 matters most and gets no credit.** Ablating the first block's update "
+            "at the explained position alone removes most of the token's probability for about "
+            "80% of tokens (the \"first layer\" baseline wins top-1 by far, under all three "
+            "ablations). IG-Lens gives block 1 almost nothing: the lens cannot read the token "
+            "out of `h_1` (its probability there is about 0), so the conditional marginal is "
+            "about 0 although everything downstream depends on that block. This is the clearest "
+            "case of a block whose ablation matters but whose update the lens cannot read.\n"
+            "- **Token by token, the agreement is weak but real.** The per-token Spearman "
+            "correlation of credit and drop is small and positive (medians about 0.2 to 0.3), "
+            "clearly above random, `|credit|` (the sign matters) and the logit-lens level, and "
+            "the block IG-Lens credits most sits high among the drops (percentile about 90, "
+            "chance 50).\n"
+            "- **It does not beat simple alternatives.** The direct effect `f(h_n) - f(h_n - "
+            "u_L)` does as well or slightly better, and the average drop profile of the *other* "
+            "prompts, which knows nothing about the token, ranks the blocks better under zero "
+            "and resample ablation.\n"
+            "- **The onset is not where the damage is.** IG-Lens's onset (where the answer "
+            "becomes readable, usually late) lies about ten blocks from the half-drop block.\n"
+            "- **Zero ablation is crude.** Some blocks write large, mostly constant updates: "
+            "removing them hurts, replacing them by their mean hardly does. Mean and resample "
+            "ablation are the fairer references.\n\n"
+            "So IG-Lens answers *where along the depth the answer becomes readable*; in the "
+            "upper blocks that roughly follows the causal profile, but it is not a causal "
+            "importance score, and block 1 shows how far apart the two can be."
+        ),
+        new_markdown_cell(
+            "## From the command line\n\n"
+            "```\n"
+            "iglens validate                       # 32 packaged prompts, three ablations\n"
+            "iglens validate --ablation zero --threshold 0.5 --json v.json --plot v.png\n"
+            "iglens validate --prompts-file my_prompts.jsonl\n"
+            "```"
+        ),
+    ]
+    return new_notebook(cells=cells, metadata=_metadata())
+
+
 def _metadata() -> dict:
     return {
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
@@ -241,6 +384,7 @@ def main() -> None:
     for name, build in (
         ("Getting_started_with_IG_Lens.ipynb", getting_started),
         ("Completeness_IG_Lens_vs_Captum.ipynb", completeness),
+        ("Causal_validation_of_IG_Lens.ipynb", causal_validation),
     ):
         nb = build()
         nbformat.validate(nb)
