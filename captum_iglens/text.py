@@ -120,6 +120,7 @@ def explain_ids(
     prompt: str = "",
     lens: Optional[IGLens] = None,
     onset_rule: str = "sustained",
+    top_k: int = 0,
     **attribute_kwargs: Any,
 ) -> IGLensResult:
     """IG-Lens over every token of ``answer_ids`` with one teacher-forced forward.
@@ -138,6 +139,8 @@ def explain_ids(
         lens (IGLens, optional): A lens to reuse.
         onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``; see
             :func:`~captum_iglens.onset_layer_indices`.
+        top_k (int, optional): Record the logit lens's ``top_k`` tokens at every layer.
+            Default: 0.
         **attribute_kwargs: Passed to :meth:`~captum_iglens.IGLens.attribute`:
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
 
@@ -160,7 +163,8 @@ def explain_ids(
     n_prompt = len(prompt_ids)
     positions = list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids)))
     target = torch.tensor([list(answer_ids)], device=device)
-    out = lens.attribute_details(ids, target=target, positions=positions, **attribute_kwargs)
+    out = lens.attribute_details(ids, target=target, positions=positions, top_k=top_k,
+                                 **attribute_kwargs)
     attributions = as_cpu(out.attributions[0])
     onsets = lens.onset_layers(attributions, onset_frac, onset_rule).tolist()
     return IGLensResult(
@@ -187,7 +191,19 @@ def explain_ids(
         onset_rule=onset_rule,
         model_name=display_name(model),
         is_argmax=_is_argmax(out),
+        units=out.units,
+        **_top_k_fields(out, tokenizer),
     )
+
+
+def _top_k_fields(out: Any, tokenizer: Any) -> dict[str, Any]:
+    if out.top_k_ids is None:
+        return {}
+    ids = out.top_k_ids[0].cpu()
+    decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    tokens = [[[decode(int(i)) for i in layer] for layer in token] for token in ids.tolist()]
+    return {"top_k_ids": ids, "top_k_probs": as_cpu(out.top_k_probs[0]),
+            "top_k_tokens": tokens}
 
 
 def explain(
@@ -201,6 +217,8 @@ def explain(
     target: TargetText = None,
     onset_rule: str = "sustained",
     template_kwargs: Optional[dict[str, Any]] = None,
+    units: str = "probability",
+    top_k: int = 0,
     **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
@@ -229,6 +247,10 @@ def explain(
         onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
         template_kwargs (dict, optional): Chat-template variables, e.g.
             ``{"date_string": "26 Jul 2024"}`` for templates that write today's date.
+        units (str, optional): ``"probability"`` (default) or ``"log-probability"`` (nats):
+            the readout that is decomposed.
+        top_k (int, optional): Record the logit lens's ``top_k`` tokens at every layer
+            (``result.top_k_tokens``, JSON). Default: 0.
         **attribute_kwargs: Attribution settings, passed to
             :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
@@ -246,9 +268,9 @@ def explain(
         >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."],
         ...                   method="gausslegendre", n_steps=64)
     """
-    lens = IGLens(model, layers=layers)
+    lens = IGLens(model, layers=layers, units=units)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
-                    chat_template=chat_template, target=target, lens=lens,
+                    chat_template=chat_template, target=target, lens=lens, top_k=top_k,
                     onset_rule=onset_rule, template_kwargs=template_kwargs, **attribute_kwargs)
     if isinstance(prompt, str):
         return _explain_one(model, tokenizer, prompt, **settings)
@@ -273,13 +295,13 @@ def _answer_ids(
 def _explain_one(
     model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int, onset_frac: float,
     chat_template: bool, target: TargetText, lens: IGLens, onset_rule: str,
-    template_kwargs: Optional[dict[str, Any]], **attribute_kwargs: Any,
+    template_kwargs: Optional[dict[str, Any]], top_k: int, **attribute_kwargs: Any,
 ) -> IGLensResult:
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
     answer_ids, generated = _answer_ids(model, tokenizer, rendered, target, max_new_tokens)
     result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer,
                          onset_frac=onset_frac, prompt=prompt, lens=lens,
-                         onset_rule=onset_rule, **attribute_kwargs)
+                         onset_rule=onset_rule, top_k=top_k, **attribute_kwargs)
     result.chat_template_used = rendered.chat_template_used
     result.rendered_prompt = rendered.text
     result.template_uses_clock = rendered.uses_clock
