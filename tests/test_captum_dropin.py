@@ -141,3 +141,13 @@ def test_compare_on_offloaded_model_equals_plain() -> None:
         torch.testing.assert_close(got[name].per_layer.double(), method.per_layer.double(),
                                    atol=64 * F32_EPS, rtol=0)
     assert got["ig_lens"].completeness_gap <= 1e-6
+
+
+def test_what_users_naturally_write(llama) -> None:
+    """Text as a target names the fix; layers='all' means every block; other strings fail
+    with what to write instead."""
+    with pytest.raises(TypeError, match="target_token_id"):
+        IGLens(llama).attribute(_ids(), target=" Paris")
+    assert IGLens(llama, layers="all").layer_indices == IGLens(llama).layer_indices == (1, 2, 3, 4)
+    with pytest.raises(TypeError, match="'all'"):
+        IGLens(llama, layers="some")
