@@ -214,7 +214,7 @@ def template_kwargs(args: argparse.Namespace) -> Optional[dict[str, str]]:
 
 def echo(text: str, width: int = 200) -> str:
     """``text`` on one line, cut to ``width`` characters with the length named."""
-    flat = " ".join(text.split())
+    flat = text.replace("\r", "").replace("\n", "↵")
     return flat if len(flat) <= width else f"{flat[:width]}… ({len(flat)} characters)"
 
 

@@ -37,7 +37,9 @@ class IGLensResult:
         attributions (Tensor): ``[T, k]`` IG-Lens credit per layer.
         lens_probs (Tensor): ``[T, k]`` logit-lens readout of the token at each layer.
         p_final (Tensor): ``[T]`` the model's probability of the token.
-        p_baseline (Tensor): ``[T]`` the readout at the baseline.
+        p_baseline (Tensor): ``[T]`` the readout at the baseline. These three, the credits
+            and the delta are in ``units`` (log-probabilities in nats for
+            ``"log-probability"``, in the JSON too); ``top_k_probs`` are always probabilities.
         convergence_delta (Tensor): ``[T]`` ``attributions.sum(-1) - delta_p``.
         onset_layers (list[int]): Onset layer per token (hidden-state index).
         method, baseline, n_steps, onset_frac, onset_rule: the settings used.

@@ -58,12 +58,13 @@ def _legend(result: IGLensResult) -> list[str]:
     rule = (f"first layer from which the cumulative credit stays at or beyond "
             f"{result.onset_frac:g}·Δp" if result.onset_rule == "sustained" else
             f"first layer holding {result.onset_frac:g} of the cumulative |credit|")
-    lines = [
-        f"IG: the layer's IG-Lens credit ({unit}); lens p: logit-lens readout f(h_L) of the",
-        "token at that layer (a level, not a credit); sum: the credits' sum; Δp: p minus the",
-        "readout at the baseline, what the credits add up to; p: the model's own probability;",
-        f"onset: {rule} ({result.onset_rule} rule).",
-    ]
+    lens, p = ("lens p", "p") if result.units == "probability" else ("lens lp", "log p")
+    text = (f"IG: the layer's IG-Lens credit ({unit}); {lens}: logit-lens readout f(h_L) of the "
+            f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum; Δp: "
+            f"{p} minus the readout at the baseline, what the credits add up to; {p}: the "
+            f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
+            f"onset: {rule} ({result.onset_rule} rule).")
+    lines = textwrap.wrap(text, 100)
     if result.is_argmax and not all(result.is_argmax):
         lines += textwrap.wrap("*: not the argmax of the explained forward (a given answer, or "
                                "generation and the teacher-forced forward differ).", 100)
@@ -85,6 +86,7 @@ def format_explanation(result: IGLensResult, tokens_per_block: int = 4) -> str:
                      f"{result.max_new_tokens} before an end token.")
     base = result.baseline_description or result.baseline
     lines.append(f"completeness: max |sum - Δp| = {result.completeness_error:.3e} over "
-                 f"{len(result.tokens)} tokens ({result.method})")
+                 f"{len(result.tokens)} token{'' if len(result.tokens) == 1 else 's'} "
+                 f"({result.method}, {result.units})")
     lines += textwrap.wrap(f"baseline: {base}", 100)
     return "\n".join(lines)
