@@ -1,8 +1,8 @@
 """One forward pass turned into IG-Lens paths: residuals, baseline, targets, model probs.
 
 For every explained position the path nodes are the baseline ``b`` and the residuals
-``h_{L_1}, ..., h_{L_k}`` (pre-final-norm); the model's own probability of each target is
-kept for the readout check (Invariant R).
+``h_{L_1}, ..., h_{L_k}`` (pre-final-norm); the model's own probability of each target (and
+of each foil, for contrastive targets) is kept for the readout check (Invariant R).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from captum_iglens._inputs import (
     check_token_ids,
     forward_kwargs,
     forward_parameters,
+    normalise_contrast,
     normalise_positions,
     normalise_target,
 )
@@ -44,8 +45,10 @@ class PathCapture:
     """The IG-Lens paths of one forward pass.
 
     Attributes:
-        path (PathNodes): nodes ``[B, P, k + 1, d]`` (baseline first) and targets ``[B, P]``.
-        model_probs (Tensor): ``[B, P]`` float32 ``softmax(model logits)[target]``.
+        path (PathNodes): nodes ``[B, P, k + 1, d]`` (baseline first), targets ``[B, P]``
+            and foils ``[B, P]`` (contrastive targets only).
+        model_probs (Tensor): ``[B, P]`` float32 ``softmax(model logits)[target]``;
+            ``[B, P, 2]`` (target, foil) when contrastive.
         model_argmax (Tensor): ``[B, P]`` int64, the model's own top token at each position.
         positions (list[int]): The ``P`` explained positions (non-negative).
         single (bool): Whether one int position was asked for.
@@ -74,6 +77,13 @@ def _model_distribution(logits: Tensor, positions: list[int], seq_len: int,
     return ModelDistribution.from_logits(logits.to(device) if device is not None else logits)
 
 
+def _model_probs(log_probs: Tensor, path: PathNodes) -> Tensor:
+    """The model's probability of each target ``[B, P]`` (and foil: ``[B, P, 2]``)."""
+    ids = path.ids if path.contrast is not None else path.target[..., None]
+    probs = log_probs.gather(-1, ids).exp()
+    return probs if path.contrast is not None else probs[..., 0]
+
+
 def capture_path(
     model: nn.Module,
     blocks: nn.ModuleList,
@@ -84,6 +94,7 @@ def capture_path(
     positions: PositionSpec,
     baselines: BaselineSpec,
     additional_forward_args: Any,
+    contrast: TargetSpec = None,
 ) -> PathCapture:
     """Run the model once (twice with reference ids) and build the paths.
 
@@ -118,6 +129,7 @@ def capture_path(
     log_probs = dist.log_probs
     tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
                            log_probs.shape[-1])
+    foil = normalise_contrast(contrast, tgt, pos_list, log_probs.shape[-1])
     hidden = torch.stack([states[i][:, pos_list] for i in layer_indices], dim=2)
     if reference is not None:
         last = len(blocks)
@@ -127,9 +139,10 @@ def capture_path(
     else:
         base = residual_baseline(baselines, states, pos_list, mask, hidden)
         name = baselines if isinstance(baselines, str) else "tensor"
+    path = PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt, contrast=foil)
     return PathCapture(
-        path=PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt),
-        model_probs=log_probs.gather(-1, tgt[..., None])[..., 0].exp(),
+        path=path,
+        model_probs=_model_probs(log_probs, path),
         model_argmax=log_probs.argmax(-1),
         positions=pos_list, single=single, baseline=name, reference=dist,
     )

@@ -2,8 +2,9 @@
 
 The path runs through the nodes ``b = h_{L_0}, h_{L_1}, ..., h_{L_k}``; segment ``j`` is the
 straight line ``h_{L_{j-1}} -> h_{L_j}`` and its credit approximates the integral of
-``grad f`` along it (arXiv:2606.29693). Every estimator takes the same
-:class:`PathNodes` and returns credits ``[B, P, k]``:
+``grad f`` along it (arXiv:2606.29693). ``f`` is the readout of :class:`PathNodes`: the
+target's probability (or log-probability), or with a foil the contrast ``F = f_y - f_foil``.
+Every estimator takes the same :class:`PathNodes` and returns credits ``[B, P, k]``:
 
 - ``prediction_aware`` (default; IDGI-style): each grid step is credited its observed change
   ``f(h(a_s)) - f(h(a_{s-1}))``; for a scalar readout the interior points cancel exactly, so
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from captum_iglens._captum_compat import CAPTUM_APPROXIMATION_METHODS, approximation_parameters
-from captum_iglens.readout import Readout, pad_rows, readout_probs, target_log_probs
+from captum_iglens.readout import Readout, pad_rows, readout_probs, readout_values
 
 __all__ = [
     "CONVERGENCE_WARNING",
@@ -33,6 +34,7 @@ __all__ = [
     "METHODS",
     "UNITS",
     "PathNodes",
+    "final_probs",
     "grid_probs",
     "node_probs",
     "warn_if_not_converged",
@@ -41,29 +43,70 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PathNodes:
-    """The nodes of IG-Lens paths for ``B`` inputs and ``P`` positions.
+    """The nodes of IG-Lens paths for ``B`` inputs and ``P`` positions, and their readout.
 
     Attributes:
         nodes (Tensor): ``[B, P, k + 1, d]``: the baseline, then the residuals at the ``k``
             chosen layers (model dtype).
         target (Tensor): ``[B, P]`` int64 target ids.
         log (bool): Read out log-probabilities (nats) instead of probabilities.
+        contrast (Tensor, optional): ``[B, P]`` int64 foil ids: the readout is then
+            ``F = f_target - f_foil`` (see :func:`~captum_iglens.readout.lens_values`).
     """
 
     nodes: Tensor
     target: Tensor
     log: bool = False
+    contrast: Optional[Tensor] = None
+
+    @property
+    def ids(self) -> Tensor:
+        """``[B, P]`` target ids, or ``[B, P, 2]`` (target, foil) ids when contrastive."""
+        if self.contrast is None:
+            return self.target
+        return torch.stack([self.target, self.contrast], dim=-1)
+
+    def row_ids(self, grid: tuple[int, ...]) -> Tensor:
+        """The ids of every point of a ``[B, P, ...]`` grid, flattened: ``[N]`` or ``[N, 2]``."""
+        ids = self.ids
+        pair = tuple(ids.shape[2:])
+        ids = ids.reshape(*ids.shape[:2], *([1] * (len(grid) - 2)), *pair)
+        return ids.expand(*grid, *pair).reshape(-1, *pair)
 
 
 def node_probs(readout: Readout, path: PathNodes, chunk: int) -> Tensor:
     """``f`` at every node: ``[B, P, k + 1]`` (float32; float64 models: float64).
 
-    Probabilities, or log-probabilities in nats when ``path.log``.
+    Probabilities, or log-probabilities in nats when ``path.log``; with ``path.contrast``
+    their difference ``F = f_target - f_foil``.
     """
     batch, n_pos, n_nodes, d = path.nodes.shape
-    targets = path.target[:, :, None].expand(batch, n_pos, n_nodes).reshape(-1)
-    probs = readout_probs(readout, path.nodes.reshape(-1, d), targets, chunk, path.log)
+    ids = path.row_ids((batch, n_pos, n_nodes))
+    probs = readout_probs(readout, path.nodes.reshape(-1, d), ids, chunk, path.log)
     return probs.view(batch, n_pos, n_nodes)
+
+
+def final_probs(readout: Readout, path: PathNodes, values: Tensor, chunk: int) -> Tensor:
+    """The readout's probabilities at ``h_n``, for the check against the model's own.
+
+    Args:
+        readout (callable): The lens readout.
+        path (PathNodes): The paths.
+        values (Tensor): ``[B, P, k + 1]`` :func:`node_probs` of ``path``.
+        chunk (int): Rows per readout call.
+
+    Returns:
+        Tensor: ``[B, P]`` the target's probability, or ``[B, P, 2]`` the target's and the
+        foil's when contrastive (read out again: ``F`` alone does not give them).
+    """
+    if path.contrast is None:
+        last = values[..., -1]
+        return last.exp() if path.log else last
+    batch, n_pos, _, d = path.nodes.shape
+    h_n = path.nodes[:, :, -1].reshape(-1, d)
+    ids = torch.cat([path.target.reshape(-1), path.contrast.reshape(-1)])
+    probs = readout_probs(readout, torch.cat([h_n, h_n]), ids, chunk)
+    return probs.view(2, batch, n_pos).permute(1, 2, 0)
 
 
 def grid_probs(readout: Readout, path: PathNodes, n_steps: int, chunk: int) -> Tensor:
@@ -72,8 +115,8 @@ def grid_probs(readout: Readout, path: PathNodes, n_steps: int, chunk: int) -> T
     alphas = torch.linspace(0, 1, n_steps + 1, dtype=nodes.dtype, device=nodes.device)
     start, end = nodes[:, :, :-1, None], nodes[:, :, 1:, None]
     grid = start + alphas[:, None] * (end - start)  # [B, P, k, n_steps + 1, d]
-    targets = path.target[:, :, None, None].expand(grid.shape[:-1]).reshape(-1)
-    probs = readout_probs(readout, grid.reshape(-1, grid.shape[-1]), targets, chunk, path.log)
+    ids = path.row_ids(tuple(grid.shape[:-1]))
+    probs = readout_probs(readout, grid.reshape(-1, grid.shape[-1]), ids, chunk, path.log)
     return probs.view(grid.shape[:-1])
 
 
@@ -97,7 +140,7 @@ def _gradient(
     batch, n_pos, n_nodes, d = nodes.shape
     starts = nodes[:, :, :-1].reshape(-1, d)
     diffs = (nodes[:, :, 1:] - nodes[:, :, :-1]).reshape(-1, d)
-    seg_targets = path.target[:, :, None].expand(batch, n_pos, n_nodes - 1).reshape(-1)
+    seg_ids = path.row_ids((batch, n_pos, n_nodes - 1))
     alphas = torch.tensor(alphas_fn(n_steps), dtype=nodes.dtype, device=nodes.device)
     steps = torch.tensor(step_sizes_fn(n_steps), dtype=out_dtype, device=nodes.device)
     n_rows = starts.shape[0] * n_steps
@@ -106,10 +149,10 @@ def _gradient(
         for begin in range(0, n_rows, chunk):
             rows = torch.arange(begin, min(begin + chunk, n_rows), device=nodes.device)
             seg, step = rows // n_steps, rows % n_steps
-            points, tgt = pad_rows(starts[seg] + alphas[step, None] * diffs[seg], seg_targets[seg])
+            points, ids = pad_rows(starts[seg] + alphas[step, None] * diffs[seg], seg_ids[seg])
             points.requires_grad_(True)
-            values = target_log_probs(readout, points, tgt)
-            (grad,) = torch.autograd.grad((values if path.log else values.exp()).sum(), points)
+            values = readout_values(readout, points, ids, path.log)
+            (grad,) = torch.autograd.grad(values.sum(), points)
             grad = grad[: rows.shape[0]]  # rows are independent: padding adds nothing
             contrib = (grad.to(out_dtype) * diffs[seg].to(out_dtype)).sum(-1) * steps[step]
             credits.index_add_(0, seg, contrib)

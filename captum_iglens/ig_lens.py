@@ -29,6 +29,7 @@ from captum_iglens.estimators import (
     METHODS,
     UNITS,
     PathNodes,
+    final_probs,
     grid_probs,
     node_probs,
     warn_if_not_converged,
@@ -59,6 +60,8 @@ class IGLens(GradientAttribution):
         sum_j IGL_j = f_y(h_n) - f_y(b) = delta_p
 
     so the per-layer credits add up to the change of the target token's *probability*.
+    With ``contrast=`` (foil ids) the readout is ``F = f_y - f_foil`` ("why this token rather
+    than that one"), and the credits add up to the change of ``F`` the same way.
     Captum's LayerIntegratedGradients gives every layer its own baseline; its per-layer
     totals do not add up this way.
 
@@ -150,6 +153,7 @@ class IGLens(GradientAttribution):
         additional_forward_args: Any = ..., n_steps: int = ..., method: str = ...,
         internal_batch_size: Optional[int] = ..., *,
         return_convergence_delta: Literal[True], positions: PositionSpec = ...,
+        contrast: TargetSpec = ...,
     ) -> tuple[Tensor, Tensor]: ...
 
     @overload
@@ -158,6 +162,7 @@ class IGLens(GradientAttribution):
         additional_forward_args: Any = ..., n_steps: int = ..., method: str = ...,
         internal_batch_size: Optional[int] = ...,
         return_convergence_delta: Literal[False] = ..., *, positions: PositionSpec = ...,
+        contrast: TargetSpec = ...,
     ) -> Tensor: ...
 
     @log_usage()
@@ -173,6 +178,7 @@ class IGLens(GradientAttribution):
         return_convergence_delta: bool = False,
         *,
         positions: PositionSpec = -1,
+        contrast: TargetSpec = None,
     ) -> Union[Tensor, tuple[Tensor, Tensor]]:
         r"""Attribute the target token's probability to the chosen decoder layers.
 
@@ -211,20 +217,28 @@ class IGLens(GradientAttribution):
             positions (int or sequence of int, optional): Keyword-only. The positions whose
                 next-token prediction is explained; negative values count from the end.
                 Default: -1.
+            contrast (int, sequence or Tensor, optional): Keyword-only. Foil token ids, in
+                any form ``target`` takes (an int, ``[B]`` or ``[B, P]``): the readout is then
+                ``F = p(y) - p(foil)`` ("why y rather than the foil"; with
+                ``units="log-probability"``, ``log p(y) - log p(foil)`` in nats, the logit
+                difference), and the credits add up to the change of ``F``. Default: None.
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
             - **attributions** (*Tensor*): ``[B, k]`` for an int ``positions``, else
-              ``[B, P, k]``; probability units; float32 (float64 for a float64 model).
+              ``[B, P, k]``; in the units of ``F`` (probability by default); float32
+              (float64 for a float64 model).
             - **delta** (*Tensor*): ``attributions.sum(-1) - delta_p``, ``[B]`` or ``[B, P]``
               (the same as :meth:`compute_convergence_delta`).
 
         Raises:
-            ValueError: empty inputs, token or target ids outside the vocabulary, positions
-                outside the sequence or on padding, a baseline of the wrong shape, an unknown
-                method, an input longer than the model's position table, or a decoder block
-                whose output is not a ``[B, S, d]`` residual stream.
-            TypeError: text or float targets, non-integer positions.
+            ValueError: empty inputs, token, target or contrast ids outside the vocabulary,
+                a target or contrast of the wrong shape, a contrast equal to the target at
+                some position (``F`` is identically 0 there), positions outside the sequence
+                or on padding, a baseline of the wrong shape, an unknown method, an input
+                longer than the model's position table, or a decoder block whose output is
+                not a ``[B, S, d]`` residual stream.
+            TypeError: text or float targets or contrasts, non-integer positions.
             FloatingPointError: NaN or inf in a residual (the first such hidden-state index
                 and its block's module path are named) or in the readout.
             ReadoutMismatchError: the readout of ``h_n`` is not the model's own probability.
@@ -237,10 +251,11 @@ class IGLens(GradientAttribution):
             >>> attr.shape, delta.shape                  # [B, 2, 3], [B, 2]
             >>> ref = torch.where(special, ids, space_id)  # Captum-style reference ids
             >>> attr = lens.attribute(ids, ref, target)    # adds up to F(x) - F(x')
+            >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
         out, single = self._run(
             inputs, baselines, target, additional_forward_args, n_steps, method,
-            internal_batch_size, positions,
+            internal_batch_size, positions, contrast=contrast,
         )
         attributions, delta = out.attributions, out.convergence_delta
         if single:
@@ -267,14 +282,16 @@ class IGLens(GradientAttribution):
         *,
         positions: PositionSpec = -1,
         top_k: int = 0,
+        contrast: TargetSpec = None,
     ) -> IGLensOutput:
         """Like :meth:`attribute`, returning an :class:`~captum_iglens.results.IGLensOutput`.
 
         It holds the credits, the logit-lens probabilities, ``p_final``, ``p_baseline``, the
-        targets and the delta, all with the ``P`` dimension kept. Same arguments and errors
-        as :meth:`attribute`, plus ``top_k`` (keyword-only): the logit lens's ``top_k`` most
-        probable tokens at each chosen layer (``out.top_k_ids`` / ``out.top_k_probs``,
-        ``[B, P, k, top_k]``; default 0, none).
+        targets (and foils, ``out.contrast``) and the delta, all with the ``P`` dimension
+        kept; with ``contrast`` the levels are values of ``F = p(y) - p(foil)``. Same
+        arguments and errors as :meth:`attribute`, plus ``top_k`` (keyword-only): the logit
+        lens's ``top_k`` most probable tokens at each chosen layer (``out.top_k_ids`` /
+        ``out.top_k_probs``, ``[B, P, k, top_k]``; always probabilities; default 0, none).
 
         Raises:
             ValueError: ``top_k`` negative or above the vocabulary; and as :meth:`attribute`.
@@ -283,7 +300,7 @@ class IGLens(GradientAttribution):
             raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
         out, _ = self._run(
             inputs, baselines, target, additional_forward_args, n_steps, method,
-            internal_batch_size, positions, int(top_k),
+            internal_batch_size, positions, int(top_k), contrast,
         )
         return out
 
@@ -302,6 +319,7 @@ class IGLens(GradientAttribution):
         *,
         positions: PositionSpec = -1,
         internal_batch_size: Optional[int] = None,
+        contrast: TargetSpec = None,
     ) -> Tensor:
         """``attributions.sum(-1) - (f(h_n) - f(b))`` per explained prediction.
 
@@ -316,16 +334,18 @@ class IGLens(GradientAttribution):
             additional_forward_args: As passed to :meth:`attribute`.
             positions: As passed to :meth:`attribute`.
             internal_batch_size: As passed to :meth:`attribute`.
+            contrast: As passed to :meth:`attribute` (``f`` is then ``F``).
 
         Returns:
-            Tensor: ``[B]`` or ``[B, P]``, in probability units.
+            Tensor: ``[B]`` or ``[B, P]``, in the units of ``f``.
 
         Raises:
             ValueError: ``attributions`` of another shape; and as :meth:`attribute`.
         """
         base = "mean" if start_point is None else start_point
         out, single = self._run(end_point, base, target, additional_forward_args, 2,
-                                "prediction_aware", internal_batch_size, positions)
+                                "prediction_aware", internal_batch_size, positions,
+                                contrast=contrast)
         k = len(self.layer_indices)
         attr = attributions[:, None] if single else attributions
         if tuple(attr.shape) != (*out.p_final.shape, k):
@@ -347,11 +367,13 @@ class IGLens(GradientAttribution):
         internal_batch_size: Optional[int] = None,
         *,
         positions: PositionSpec = -1,
+        contrast: TargetSpec = None,
     ) -> Tensor:
         """The readout ``f`` on a uniform grid of ``n_steps + 1`` points along each segment.
 
-        The per-step profile inside segments: ``[B, P, k, n_steps + 1]`` (probabilities,
-        float32), point ``s`` of segment ``j`` at ``h_{L_{j-1}} + s / n_steps *
+        The per-step profile inside segments: ``[B, P, k, n_steps + 1]`` (in the lens's
+        units, float32; with ``contrast`` (keyword-only, as for :meth:`attribute`) values of
+        ``F = f_y - f_foil``), point ``s`` of segment ``j`` at ``h_{L_{j-1}} + s / n_steps *
         (h_{L_j} - h_{L_{j-1}})``. Summing the observed changes along the last dimension gives
         the prediction-aware credits; this costs ``T * k * (n_steps + 1)`` readouts, which
         :meth:`attribute` avoids.
@@ -361,7 +383,8 @@ class IGLens(GradientAttribution):
         """
         if not is_int(n_steps) or n_steps < 1:
             raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
-        cap = self._capture(inputs, target, positions, baselines, additional_forward_args)
+        cap = self._capture(inputs, target, positions, baselines, additional_forward_args,
+                            contrast)
         path = replace(cap.path, log=self.units == "log-probability")
         return grid_probs(self.readout, path, n_steps, self._chunk(internal_batch_size))
 
@@ -387,6 +410,7 @@ class IGLens(GradientAttribution):
         self, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
         additional_forward_args: Any, n_steps: int, method: str,
         internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
+        contrast: TargetSpec = None,
     ) -> tuple[IGLensOutput, bool]:
         """Capture the path, read it out, check Invariant R, run the estimator."""
         if method not in ESTIMATORS:
@@ -399,13 +423,16 @@ class IGLens(GradientAttribution):
                 "call attribute outside inference mode (torch.no_grad() is fine), or use the "
                 "default method='prediction_aware', which needs no gradient."
             )
-        cap = self._capture(inputs, target, positions, baselines, additional_forward_args)
+        cap = self._capture(inputs, target, positions, baselines, additional_forward_args,
+                            contrast)
         chunk = self._chunk(internal_batch_size)
         path = replace(cap.path, log=self.units == "log-probability")
         probs = node_probs(self.readout, path, chunk)
-        check_readout(self.readout, probs.exp() if path.log else probs, cap.model_probs,
-                      model_dtype(self.model), type(self.model).__name__, verify=self.check_readout,
-                      hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk)
+        check_readout(self.readout, probs, cap.model_probs, model_dtype(self.model),
+                      type(self.model).__name__, verify=self.check_readout,
+                      hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk,
+                      final=final_probs(self.readout, path, probs, chunk) if self.check_readout
+                      else None)
         cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
         credits = ESTIMATORS[method](self.readout, path, probs, method, n_steps, chunk)
         p_base, p_final = probs[..., 0], probs[..., -1]
@@ -422,6 +449,7 @@ class IGLens(GradientAttribution):
             baseline=cap.baseline,
             model_argmax=cap.model_argmax,
             units=self.units,
+            contrast=path.contrast,
         )
         if top_k:
             out.top_k_probs, out.top_k_ids = self._top_k(path, top_k, chunk)
@@ -438,10 +466,11 @@ class IGLens(GradientAttribution):
 
     def _capture(
         self, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
-        baselines: BaselineSpec, additional_forward_args: Any,
+        baselines: BaselineSpec, additional_forward_args: Any, contrast: TargetSpec = None,
     ) -> PathCapture:
         return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
-                            inputs, target, positions, baselines, additional_forward_args)
+                            inputs, target, positions, baselines, additional_forward_args,
+                            contrast)
 
 
 def _delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:

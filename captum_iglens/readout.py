@@ -10,8 +10,12 @@ explained target and for the whole next-token distribution (so a readout that mi
 transform is caught at low-probability targets too).
 
 Readout evaluations are chunked (``internal_batch_size`` rows at a time) and only the
-target column of the ``[rows, V]`` probabilities is kept, so memory never grows with
-tokens x layers x steps x vocabulary.
+target column of the ``[rows, V]`` probabilities is kept (with the foil's, for contrastive
+targets), so memory never grows with tokens x layers x steps x vocabulary.
+
+A contrastive readout (``contrast=`` of :meth:`~captum_iglens.IGLens.attribute`) decomposes
+``F(h) = f_y(h) - f_foil(h)``: row ids are then ``[N, 2]`` (target, foil) instead of ``[N]``;
+:func:`lens_values` is the one place that turns log-softmax rows into ``F``.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ __all__ = [
     "check_readout",
     "chunk_rows",
     "distribution_tolerance",
+    "lens_values",
     "readout_probs",
     "readout_top_k",
+    "readout_values",
     "resolve_readout",
     "target_log_probs",
 ]
@@ -131,7 +137,7 @@ def chunk_rows(internal_batch_size: Optional[int], vocab: int) -> int:
 
 
 def pad_rows(points: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Pad ``points [N, d]`` and ``targets [N]`` to at least 8 rows (last row repeated).
+    """Pad ``points [N, d]`` and ``targets [N, ...]`` to at least 8 rows (last row repeated).
 
     Returns new leaf tensors; the caller keeps the first ``N`` results (rows are
     independent, so the padding changes nothing but the BLAS kernel choice).
@@ -140,7 +146,35 @@ def pad_rows(points: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     if short <= 0:
         return points.detach(), targets
     return (torch.cat([points, points[-1:].expand(short, -1)]).detach(),
-            torch.cat([targets, targets[-1:].expand(short)]))
+            torch.cat([targets, targets[-1:].expand(short, *targets.shape[1:])]))
+
+
+def lens_values(log_probs: Tensor, ids: Tensor, log: bool = False) -> Tensor:
+    """The readout ``F`` of log-softmax rows ``log_probs [N, V]``: ``[N]``.
+
+    Args:
+        log_probs (Tensor): ``[N, V]`` log-probabilities (float32 or float64).
+        ids (Tensor): ``[N]`` target ids, or ``[N, 2]`` (target, foil) ids for a
+            contrastive readout.
+        log (bool): Log-probabilities (nats) instead of probabilities.
+
+    Returns:
+        Tensor: ``p(y)`` (``log p(y)`` with ``log``); contrastive: ``p(y) - p(foil)``
+        (``log p(y) - log p(foil)``, the logit difference).
+    """
+    picked = log_probs.gather(-1, ids.reshape(ids.shape[0], -1).to(log_probs.device))
+    values = picked if log else picked.exp()
+    return values[:, 0] if values.shape[1] == 1 else values[:, 0] - values[:, 1]
+
+
+def readout_values(readout: Readout, points: Tensor, ids: Tensor, log: bool = False) -> Tensor:
+    """``F(points)`` (see :func:`lens_values`): ``[N]`` (float32; float64 models: float64).
+
+    The readout runs in the model's dtype; the log-softmax in float32 or wider.
+    """
+    logits = readout(points)
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return lens_values(torch.log_softmax(logits.to(out_dtype), dim=-1), ids, log)
 
 
 def target_log_probs(readout: Readout, points: Tensor, targets: Tensor) -> Tensor:
@@ -148,26 +182,24 @@ def target_log_probs(readout: Readout, points: Tensor, targets: Tensor) -> Tenso
 
     The readout runs in the model's dtype; the log-softmax in float32 or wider.
     """
-    logits = readout(points)
-    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    log_probs = torch.log_softmax(logits.to(out_dtype), dim=-1)
-    return log_probs.gather(-1, targets[:, None].to(log_probs.device))[:, 0]
+    return readout_values(readout, points, targets, log=True)
 
 
 def readout_probs(
     readout: Readout, points: Tensor, targets: Tensor, chunk: int, log: bool = False
 ) -> Tensor:
-    """``f_target(points)`` for ``points [N, d]`` in chunks of ``chunk`` rows: ``[N]``.
+    """``F(points)`` for ``points [N, d]`` in chunks of ``chunk`` rows: ``[N]``.
 
-    Probabilities, or log-probabilities (nats) with ``log=True``.
+    ``targets`` are ``[N]`` ids (``F = f_target``) or ``[N, 2]`` (target, foil) ids
+    (``F = f_target - f_foil``); probabilities, or log-probabilities (nats) with
+    ``log=True`` (see :func:`lens_values`).
     """
     out = []
     with torch.no_grad():
         for start in range(0, points.shape[0], chunk):
             rows, tgt = pad_rows(points[start:start + chunk], targets[start:start + chunk])
             n_real = min(chunk, points.shape[0] - start)
-            values = target_log_probs(readout, rows, tgt)[:n_real]
-            out.append(values if log else values.exp())
+            out.append(readout_values(readout, rows, tgt, log)[:n_real])
     return torch.cat(out)
 
 
@@ -269,14 +301,16 @@ def check_readout(
     hidden: Optional[Tensor] = None,
     reference: Optional[ModelDistribution] = None,
     chunk: Optional[int] = None,
+    final: Optional[Tensor] = None,
 ) -> None:
     """Check that the readout is finite and reproduces the model's output (Invariant R).
 
     Args:
         readout (callable): The readout, for its ``name`` in messages.
-        node_probs (Tensor): ``[B, P, k + 1]`` readout probabilities at the path nodes; the
-            last node is ``f(h_n)``.
-        model_probs (Tensor): ``[B, P]`` ``softmax(model logits)[target]``.
+        node_probs (Tensor): ``[B, P, k + 1]`` readout values at the path nodes (checked to
+            be finite); without ``final``, the last node is the probability ``f(h_n)``.
+        model_probs (Tensor): ``[B, P]`` ``softmax(model logits)[target]``, or the model's
+            probabilities shaped like ``final`` (``[B, P, 2]``: target and foil).
         model_dtype (torch.dtype): The model's dtype (sets the tolerance: 1e-9 in float64,
             1e-4 in float32, 2e-2 in half precision).
         fallback_name (str): Name used when the readout has none.
@@ -285,11 +319,15 @@ def check_readout(
             the whole next-token distribution is compared (:func:`check_distribution`).
         reference (ModelDistribution, optional): The model's own distribution ``[B, P, V]``.
         chunk (int, optional): Rows per readout call for the distribution check.
+        final (Tensor, optional): The readout's probabilities at ``h_n`` to compare with
+            ``model_probs`` (same shape), when the node values are not probabilities
+            (log units, contrastive targets). Default: ``node_probs[..., -1]``.
 
     Raises:
         FloatingPointError: NaN or inf in the readout of finite residuals.
         ReadoutMismatchError: ``|f(h_n) - p_model|`` above the tolerance, or another
             next-token distribution (see :func:`check_distribution`).
+        ValueError: ``final`` (or the last node) not shaped like ``model_probs``.
     """
     name = getattr(readout, "name", "") or fallback_name
     if not bool(torch.isfinite(node_probs).all()):
@@ -300,7 +338,11 @@ def check_readout(
     if not verify:
         return
     tol = _READOUT_TOL.get(model_dtype, _HALF_TOL)
-    diff = (node_probs[..., -1] - model_probs.to(node_probs.device)).abs()
+    final = node_probs[..., -1] if final is None else final
+    if final.shape != model_probs.shape:
+        raise ValueError(f"final {tuple(final.shape)} and model_probs "
+                         f"{tuple(model_probs.shape)} must have the same shape.")
+    diff = (final - model_probs.to(final.device)).abs()
     err = float("inf") if not bool(torch.isfinite(diff).all()) else diff.max().item()
     if err > tol:
         raise ReadoutMismatchError(

@@ -15,13 +15,18 @@ class IGLensOutput:
     """Everything one IG-Lens pass computes, for ``B`` inputs, ``P`` positions, ``k`` layers.
 
     All probabilities are in probability units (not logits), float32 (float64 for a float64
-    model), on the readout's device.
+    model), on the readout's device. The readout ``f`` is the target's probability (or
+    log-probability, ``units``); for a contrastive target (``contrast`` set) it is
+    ``F = f_target - f_foil``, so ``attributions``, ``lens_probs``, ``p_final``,
+    ``p_baseline`` and the delta are then values and changes of ``F``.
 
     Attributes:
         attributions (Tensor): ``[B, P, k]`` IG-Lens credit per chosen layer.
         convergence_delta (Tensor): ``[B, P]`` ``attributions.sum(-1) - delta_p``.
-        lens_probs (Tensor): ``[B, P, k]`` logit-lens probability ``f(h_L)`` per chosen layer.
-        p_final (Tensor): ``[B, P]`` ``f(h_n)``, the model's own probability (Invariant R).
+        lens_probs (Tensor): ``[B, P, k]`` logit-lens readout ``f(h_L)`` per chosen layer
+            (contrastive: ``p(y) - p(foil)`` there).
+        p_final (Tensor): ``[B, P]`` ``f(h_n)``, the model's own probability (Invariant R);
+            contrastive: the model's ``p(y) - p(foil)``.
         p_baseline (Tensor): ``[B, P]`` ``f(b)``.
         target (Tensor): ``[B, P]`` int64 target token ids.
         positions (list[int]): the ``P`` explained positions (non-negative).
@@ -35,6 +40,8 @@ class IGLensOutput:
         top_k_probs (Tensor, optional): ``[B, P, k, K]`` the logit lens's top-K probabilities
             at each chosen layer (with ``attribute_details(..., top_k=K)``).
         top_k_ids (Tensor, optional): ``[B, P, k, K]`` their token ids.
+        contrast (Tensor, optional): ``[B, P]`` int64 foil token ids of a contrastive target
+            (``attribute(..., contrast=...)``); ``None`` when not contrastive.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -53,6 +60,7 @@ class IGLensOutput:
     units: str = "probability"
     top_k_probs: Optional[Tensor] = None
     top_k_ids: Optional[Tensor] = None
+    contrast: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""
@@ -64,6 +72,8 @@ class IGLensOutput:
             "p_baseline": (batch, n_pos),
             "target": (batch, n_pos),
         }
+        if self.contrast is not None:
+            expected["contrast"] = (batch, n_pos)
         for name, shape in expected.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
