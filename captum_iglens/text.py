@@ -11,7 +11,6 @@ from torch import nn
 
 from captum_iglens._inputs import LayerSpec
 from captum_iglens.architectures import display_name, max_sequence_length
-from captum_iglens.baselines import BASELINE_DESCRIPTIONS
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import (
     RenderedPrompt,
@@ -20,11 +19,10 @@ from captum_iglens.prompts import (
     target_ids,
     target_token_id,
     target_token_ids,
-    token_labels,
 )
 from captum_iglens.residual import input_device, model_state_preserved
 from captum_iglens.results import IGLensResult
-from captum_iglens.results._format import as_cpu
+from captum_iglens.results.from_output import AnswerSpec, result_from_output
 
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS",
@@ -104,12 +102,6 @@ def generate_answer(
     return out[0, ids.shape[1]:].tolist()
 
 
-def _is_argmax(out: Any) -> list[bool]:
-    if out.model_argmax is None:
-        return []
-    return (out.model_argmax[0] == out.target[0]).tolist()
-
-
 def explain_ids(
     model: nn.Module,
     prompt_ids: Sequence[int],
@@ -121,6 +113,7 @@ def explain_ids(
     lens: Optional[IGLens] = None,
     onset_rule: str = "sustained",
     top_k: int = 0,
+    contrast: Optional[Sequence[int]] = None,
     **attribute_kwargs: Any,
 ) -> IGLensResult:
     """IG-Lens over every token of ``answer_ids`` with one teacher-forced forward.
@@ -141,6 +134,10 @@ def explain_ids(
             :func:`~captum_iglens.onset_layer_indices`.
         top_k (int, optional): Record the logit lens's ``top_k`` tokens at every layer.
             Default: 0.
+        contrast (int or sequence of int, optional): Foil token ids, one for every answer
+            token or one per answer token: the credits then decompose
+            ``p(token) - p(foil)`` (log units: ``log p(token) - log p(foil)``, nats).
+            Default: None.
         **attribute_kwargs: Passed to :meth:`~captum_iglens.IGLens.attribute`:
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
 
@@ -149,7 +146,8 @@ def explain_ids(
         and per token whether it is the argmax of the explained forward.
 
     Raises:
-        ValueError: empty prompt or answer; and as :meth:`~captum_iglens.IGLens.attribute`.
+        ValueError: empty prompt or answer, a contrast of the wrong length; and as
+            :meth:`~captum_iglens.IGLens.attribute`.
     """
     if not prompt_ids:
         raise ValueError("The prompt has no tokens: give some text to explain.")
@@ -163,47 +161,43 @@ def explain_ids(
     n_prompt = len(prompt_ids)
     positions = list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids)))
     target = torch.tensor([list(answer_ids)], device=device)
+    if contrast is not None:
+        foils = contrast_per_token(contrast, len(answer_ids))
+        attribute_kwargs["contrast"] = torch.tensor([foils], device=device)
     out = lens.attribute_details(ids, target=target, positions=positions, top_k=top_k,
                                  **attribute_kwargs)
-    attributions = as_cpu(out.attributions[0])
-    onsets = lens.onset_layers(attributions, onset_frac, onset_rule).tolist()
-    return IGLensResult(
-        prompt=prompt,
-        answer=tokenizer.decode(list(answer_ids), skip_special_tokens=True) if tokenizer else "",
-        prompt_length=n_prompt,
-        input_ids=full,
-        tokens=(token_labels(tokenizer, answer_ids) if tokenizer
-                else [str(i) for i in answer_ids]),
-        token_ids=list(answer_ids),
-        positions=positions,
-        layer_indices=list(lens.layer_indices),
-        attributions=attributions,
-        lens_probs=as_cpu(out.lens_probs[0]),
-        p_final=as_cpu(out.p_final[0]),
-        p_baseline=as_cpu(out.p_baseline[0]),
-        convergence_delta=as_cpu(out.convergence_delta[0]),
-        onset_layers=[int(o) for o in onsets],
-        method=attribute_kwargs.get("method", "prediction_aware"),
-        baseline=out.baseline,
-        baseline_description=BASELINE_DESCRIPTIONS.get(out.baseline, out.baseline),
-        n_steps=attribute_kwargs.get("n_steps", 50),
-        onset_frac=onset_frac,
-        onset_rule=onset_rule,
-        model_name=display_name(model),
-        is_argmax=_is_argmax(out),
-        units=out.units,
-        **_top_k_fields(out, tokenizer),
-    )
+    spec = answer_spec(model, prompt, prompt_ids, answer_ids, onset_frac, onset_rule,
+                       attribute_kwargs)
+    return result_from_output(out, 0, range(len(answer_ids)), spec, tokenizer)
 
 
-def _top_k_fields(out: Any, tokenizer: Any) -> dict[str, Any]:
-    if out.top_k_ids is None:
-        return {}
-    ids = out.top_k_ids[0].cpu()
-    decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
-    tokens = [[[decode(int(i)) for i in layer] for layer in token] for token in ids.tolist()]
-    return {"top_k_ids": ids, "top_k_probs": as_cpu(out.top_k_probs[0]),
-            "top_k_tokens": tokens}
+def answer_spec(model: nn.Module, prompt: str, prompt_ids: Sequence[int],
+                answer_ids: Sequence[int], onset_frac: float, onset_rule: str,
+                attribute_kwargs: dict[str, Any]) -> AnswerSpec:
+    """What the result of one explained answer records beside its numbers."""
+    n_prompt = len(prompt_ids)
+    return AnswerSpec(prompt=prompt, input_ids=list(prompt_ids) + list(answer_ids),
+                      prompt_length=n_prompt, token_ids=list(answer_ids),
+                      positions=list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids))),
+                      method=attribute_kwargs.get("method", "prediction_aware"),
+                      n_steps=attribute_kwargs.get("n_steps", 50), onset_frac=onset_frac,
+                      onset_rule=onset_rule, model_name=display_name(model))
+
+
+def contrast_per_token(contrast: Any, n_tokens: int) -> list[int]:
+    """One foil id per answer token, from one id (repeated) or ``n_tokens`` ids.
+
+    Raises:
+        TypeError: foils that are not integer ids.
+        ValueError: a number of foils other than 1 or ``n_tokens``.
+    """
+    ids = target_ids(contrast)
+    if len(ids) == 1:
+        return ids * n_tokens
+    if len(ids) != n_tokens:
+        raise ValueError(f"contrast has {len(ids)} foil ids for {n_tokens} answer tokens: give "
+                         "one foil (used for every token) or one per answer token.")
+    return ids
 
 
 def explain(
@@ -219,6 +213,7 @@ def explain(
     template_kwargs: Optional[dict[str, Any]] = None,
     units: str = "probability",
     top_k: int = 0,
+    contrast: TargetText = None,
     **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
@@ -251,6 +246,11 @@ def explain(
             the readout that is decomposed.
         top_k (int, optional): Record the logit lens's ``top_k`` tokens at every layer
             (``result.top_k_tokens``, JSON). Default: 0.
+        contrast (str or sequence of int, optional): The foil of a contrastive explanation,
+            "why this token rather than that one": the credits decompose
+            ``p(token) - p(foil)`` (``units="log-probability"``: the log-ratio in nats). A
+            string is tokenised like ``target`` and must give one token (the foil of every
+            answer token) or one token per answer token; ids likewise. Default: None.
         **attribute_kwargs: Attribution settings, passed to
             :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
@@ -271,7 +271,8 @@ def explain(
     lens = IGLens(model, layers=layers, units=units)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
                     chat_template=chat_template, target=target, lens=lens, top_k=top_k,
-                    onset_rule=onset_rule, template_kwargs=template_kwargs, **attribute_kwargs)
+                    onset_rule=onset_rule, template_kwargs=template_kwargs, contrast=contrast,
+                    **attribute_kwargs)
     if isinstance(prompt, str):
         return _explain_one(model, tokenizer, prompt, **settings)
     prompts = list(prompt)
@@ -292,29 +293,58 @@ def _answer_ids(
     return target_ids(target), False
 
 
+def foil_ids(tokenizer: Any, contrast: TargetText) -> Optional[list[int]]:
+    """The foil ids of ``contrast``: text tokenised like a target, or ids (None: none).
+
+    Raises:
+        ValueError: empty text, or text that tokenises to no token.
+        TypeError: ids that are not integers.
+    """
+    if contrast is None:
+        return None
+    if isinstance(contrast, str):
+        return target_token_ids(tokenizer, contrast)
+    return target_ids(contrast)
+
+
 def _explain_one(
     model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int, onset_frac: float,
     chat_template: bool, target: TargetText, lens: IGLens, onset_rule: str,
-    template_kwargs: Optional[dict[str, Any]], top_k: int, **attribute_kwargs: Any,
+    template_kwargs: Optional[dict[str, Any]], top_k: int, contrast: TargetText,
+    **attribute_kwargs: Any,
 ) -> IGLensResult:
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
+    foils = foil_ids(tokenizer, contrast)
     answer_ids, generated = _answer_ids(model, tokenizer, rendered, target, max_new_tokens)
     result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer,
                          onset_frac=onset_frac, prompt=prompt, lens=lens,
-                         onset_rule=onset_rule, top_k=top_k, **attribute_kwargs)
+                         onset_rule=onset_rule, top_k=top_k, contrast=foils,
+                         **attribute_kwargs)
+    annotate_answer(result, model, tokenizer, rendered, generated, max_new_tokens)
+    return result
+
+
+def annotate_answer(result: IGLensResult, model: nn.Module, tokenizer: Any,
+                    rendered: RenderedPrompt, generated: bool, max_new_tokens: int) -> None:
+    """Record how the prompt was rendered and the answer obtained, in place.
+
+    A generated answer gets ``max_new_tokens``, ``truncated`` (stopped at the limit before an
+    end token) and a warning naming tokens that are not the argmax of the explained forward.
+    """
     result.chat_template_used = rendered.chat_template_used
     result.rendered_prompt = rendered.text
     result.template_uses_clock = rendered.uses_clock
     result.generated = generated
     if generated:
+        answer_ids = result.token_ids
         result.max_new_tokens = max_new_tokens
-        eos = _end_ids(model, tokenizer)
-        result.truncated = len(answer_ids) >= max_new_tokens and answer_ids[-1] not in eos
+        result.truncated = (len(answer_ids) >= max_new_tokens
+                            and answer_ids[-1] not in end_ids(model, tokenizer))
         _warn_not_argmax(result)
-    return result
 
 
-def _end_ids(model: nn.Module, tokenizer: Any) -> set[int]:
+def end_ids(model: nn.Module, tokenizer: Any) -> set[int]:
+    """The ids that end a generated answer (the generation config's and the tokenizer's)."""
     ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids = ids if isinstance(ids, (list, tuple)) else [ids]
     return {int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None}
@@ -329,5 +359,5 @@ def _warn_not_argmax(result: IGLensResult) -> None:
             "(generation with a KV cache and the full forward differ here, e.g. by a near tie "
             "or a kernel difference); they are marked '*' in the table and is_argmax=false in "
             "the JSON.",
-            stacklevel=3,
+            stacklevel=4,
         )
