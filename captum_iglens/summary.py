@@ -1,0 +1,541 @@
+"""Summary of a results file written by ``iglens run``: one JSON object per line.
+
+A line is either a success, ``{"id", "index", "status": "ok", "seconds", **result}`` where
+``result`` is :meth:`~captum_iglens.results.IGLensResult.to_dict` (``layers``, ``units``,
+``tokens`` with per-token ``attributions``, ``convergence_delta``, ``onset_layer``, ...), or
+a failure, ``{"id", "index", "status": "error", "error", "error_type", "prompt"}``. A run
+killed mid-write leaves a torn last line: :func:`load_results` skips it with a warning.
+
+:func:`summarize` pools every explained token of the run: the per-layer mean credit with a
+bootstrap confidence interval that resamples records (the tokens of one answer are not
+independent) and pools their tokens, the distribution of onset layers, the completeness
+over the whole run, the slowest records and every failure.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import textwrap
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from captum_iglens.results._format import fmt, layer_names, num, shorten
+
+__all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
+
+#: How many of the slowest records the summary lists.
+N_SLOWEST = 5
+#: Settings that may differ between records without refusing the run (they are reported).
+SETTINGS = ("model", "method", "baseline", "onset_rule", "onset_frac")
+_STATUSES = ("ok", "error")
+_BATCH_ELEMENTS = 1 << 24  # float64 elements per vectorized bootstrap call (128 MiB)
+_WIDTH = 100
+
+
+# ----------------------------------------------------------------------------- loading
+def load_results(path: Union[str, Path]) -> tuple[list[dict], list[dict], int]:
+    """Read a results ``.jsonl`` file of ``iglens run``.
+
+    Blank lines are ignored. A line that is not a complete JSON object is a torn write
+    (a run killed mid-write): it is skipped with a warning and never read as data. Only the
+    last line should be torn; a torn line followed by more lines (a resumed run) is
+    skipped too, with a warning that says so.
+
+    Args:
+        path (str or Path): The results file (UTF-8 JSON lines).
+
+    Returns:
+        (records, errors, torn): the ``"ok"`` lines and the ``"error"`` lines as dicts, in
+        file order, and the number of torn lines skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a complete JSON line that is not a result line (no object, or a
+            ``status`` other than ``"ok"`` / ``"error"``), or a file without any result
+            line.
+    """
+    lines = Path(path).read_bytes().split(b"\n")
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    records: list[dict] = []
+    errors: list[dict] = []
+    torn = 0
+    for n, line in numbered:
+        entry = _parse_line(line)
+        if entry is None:
+            torn += 1
+            warnings.warn(_torn_message(path, n, line, last=n == numbered[-1][0]), stacklevel=2)
+            continue
+        _check_entry(entry, path, n)
+        (records if entry["status"] == "ok" else errors).append(entry)
+    if not records and not errors:
+        raise ValueError(f"{path}: no result line (expected the JSON lines of 'iglens run')")
+    _warn_duplicate_ids(records + errors, path)
+    return records, errors, torn
+
+
+def _parse_line(line: bytes) -> Optional[Any]:
+    """The JSON value of ``line``, or None when it is no complete JSON value (torn)."""
+    try:
+        return json.loads(line)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError (a cut UTF-8 character)
+        return None
+
+
+def _torn_message(path: Union[str, Path], n: int, line: bytes, last: bool) -> str:
+    where = ("the torn last line" if last else
+             "a torn line followed by more lines (was the run resumed after a kill?)")
+    return (f"{path}: skipped line {n}, {where}: {len(line)} bytes that are not a complete "
+            "JSON object")
+
+
+def _check_entry(entry: Any, path: Union[str, Path], n: int) -> None:
+    """Raise ValueError unless ``entry`` is an object with status ``"ok"`` or ``"error"``."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}, line {n}: expected a JSON object, got "
+                         f"{type(entry).__name__} (is this a results file of 'iglens run'?)")
+    if entry.get("status") not in _STATUSES:
+        raise ValueError(f"{path}, line {n}: 'status' is {entry.get('status')!r}, expected "
+                         "'ok' or 'error' (is this a results file of 'iglens run'?)")
+
+
+def _warn_duplicate_ids(entries: list[dict], path: Union[str, Path]) -> None:
+    counts = Counter(repr(entry.get("id")) for entry in entries if entry.get("id") is not None)
+    repeated = [key for key, count in counts.items() if count > 1]
+    if repeated:
+        warnings.warn(f"{path}: ids appear more than once ({', '.join(repeated[:5])}"
+                      f"{' ...' if len(repeated) > 5 else ''}): each line is summarized as its "
+                      "own record", stacklevel=3)
+
+
+def record_label(entry: dict) -> str:
+    """How the report names a record: its ``id``, else ``#<index>``."""
+    if entry.get("id") is not None:
+        return str(entry["id"])
+    return f"#{entry.get('index', '?')}"
+
+
+# ----------------------------------------------------------------------------- arrays
+@dataclass
+class _Arrays:
+    """The per-token values of one record (``T`` tokens, ``k`` layers), float64."""
+
+    credits: np.ndarray  # [T, k]
+    delta_p: np.ndarray  # [T]
+    convergence: np.ndarray  # [T]
+    onsets: np.ndarray  # [T] hidden-state indices
+
+
+def _arrays(record: dict, layers: list[int]) -> _Arrays:
+    """The token values of ``record``.
+
+    Raises:
+        ValueError: a token without its values, or with a number of credits other than
+            ``len(layers)``, or an onset that is not one of ``layers``.
+    """
+    k = len(layers)
+    try:
+        tokens = record["tokens"]
+        credits = np.array([t["attributions"] for t in tokens], dtype=np.float64)
+        credits = credits.reshape(len(tokens), k)
+        delta_p = np.array([t["delta_p"] for t in tokens], dtype=np.float64)
+        convergence = np.array([t["convergence_delta"] for t in tokens], dtype=np.float64)
+        onsets = np.array([t["onset_layer"] for t in tokens], dtype=np.int64)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"record {record_label(record)}: not an IG-Lens result with {k} "
+                         f"credits per token ({type(err).__name__}: {err})") from err
+    stray = sorted(set(onsets.tolist()) - set(layers))
+    if stray:
+        raise ValueError(f"record {record_label(record)}: onset layers {stray} are not among "
+                         f"its layers {layers}")
+    return _Arrays(credits, delta_p, convergence, onsets)
+
+
+# ----------------------------------------------------------------------------- checks
+def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
+    """What must agree between records: (layers, units, contrastive).
+
+    A record is contrastive when it says so (``"contrastive": true``) or a token names its
+    foil (``"contrast_id"``).
+    """
+    try:
+        layers = tuple(int(i) for i in record["layers"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"record {record_label(record)}: no valid 'layers' list ({err})") from err
+    tokens = record.get("tokens") or ()
+    contrastive = bool(record.get("contrastive")) or any(
+        isinstance(t, dict) and "contrast_id" in t for t in tokens)
+    return layers, str(record.get("units", "probability")), contrastive
+
+
+def _kind_words(kind: tuple[tuple[int, ...], str, bool]) -> str:
+    layers, units, contrastive = kind
+    return (f"layers {list(layers)}, units {units}, "
+            f"{'contrastive' if contrastive else 'not contrastive'}")
+
+
+def _check_compatible(records: Sequence[dict]) -> tuple[tuple[int, ...], str, bool]:
+    """The common (layers, units, contrastive) of ``records``.
+
+    Raises:
+        ValueError: records that differ in one of them; the message names the ids of each
+            group and says to summarize them separately.
+    """
+    groups: dict[tuple[tuple[int, ...], str, bool], list[str]] = {}
+    for record in records:
+        groups.setdefault(_kind(record), []).append(record_label(record))
+    if len(groups) <= 1:
+        return next(iter(groups), ((), "probability", False))
+    parts = []
+    for kind, ids in groups.items():
+        shown = ", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "")
+        parts.append(f"{_kind_words(kind)}: ids {shown}")
+    raise ValueError(
+        "cannot pool records whose credits are not comparable (they differ in layers, units "
+        f"or contrastive mode): {'; '.join(parts)}. Summarize them separately: write each "
+        "group's lines to its own file and run 'iglens summarize' on each"
+    )
+
+
+# ----------------------------------------------------------------------------- bootstrap
+def cluster_mean_ci(
+    sums: np.ndarray, counts: np.ndarray, n_boot: int = 1000, seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap CI of a pooled per-layer mean, resampling whole clusters.
+
+    The statistic of a resample of clusters (records) is ``sum of their sums / sum of their
+    counts``: the mean over the pooled tokens of the drawn records. Computed with
+    :func:`scipy.stats.bootstrap` (``method="percentile"``), in batches that hold at most
+    about 128 MiB.
+
+    Args:
+        sums (ndarray): ``[R, k]`` per cluster the sum of its tokens' credits.
+        counts (ndarray): ``[R]`` per cluster its number of tokens (all > 0).
+        n_boot (int, optional): Bootstrap resamples. Default: 1000.
+        seed (int, optional): Seed of the resampling. Default: 0.
+        confidence (float, optional): Confidence level in (0, 1). Default: 0.95.
+
+    Returns:
+        (low, high): ``[k]`` each; NaN with fewer than 2 clusters (a single record says
+        nothing about the spread between records).
+    """
+    from scipy import stats
+
+    n_rec, k = sums.shape
+    if n_rec < 2:
+        return np.full(k, np.nan), np.full(k, np.nan)
+
+    def pooled_mean(index: np.ndarray, axis: int = -1) -> np.ndarray:
+        pick = np.moveaxis(np.asarray(index), axis, -1).astype(np.intp)
+        mean = sums[pick].sum(-2) / counts[pick].sum(-1)[..., None]  # [..., k]
+        return np.moveaxis(mean, -1, 0)  # [k, ...]
+
+    rng = np.random.default_rng(seed)
+    seeded = {"rng": rng} if "rng" in inspect.signature(stats.bootstrap).parameters else {
+        "random_state": rng}
+    result = stats.bootstrap(
+        (np.arange(n_rec),), pooled_mean, n_resamples=n_boot, confidence_level=confidence,
+        method="percentile", vectorized=True, axis=-1,
+        batch=max(1, _BATCH_ELEMENTS // (n_rec * k)), **seeded,
+    )
+    return (np.asarray(result.confidence_interval.low, dtype=np.float64).reshape(k),
+            np.asarray(result.confidence_interval.high, dtype=np.float64).reshape(k))
+
+
+# ----------------------------------------------------------------------------- summary
+@dataclass
+class RunSummary:
+    """What a results file of ``iglens run`` says, pooled over its ``k`` layers.
+
+    Credits, ``delta_p`` and completeness are in ``units`` (probability, or nats for
+    ``"log-probability"``); in contrastive runs they are credits to ``p(y) - p(foil)``.
+
+    Attributes:
+        layers (list[int]): The ``k`` hidden-state indices shared by every record.
+        units (str): ``"probability"`` or ``"log-probability"``.
+        contrastive (bool): The records explain ``p(y) - p(foil)``.
+        n_ok (int): Records explained.
+        n_failed (int): Records that failed.
+        n_tokens (int): Explained tokens over all records.
+        n_documents (int): Records in document mode (teacher-forced text).
+        mean_credit (list[float]): ``[k]`` mean credit per layer over all tokens (NaN
+            without tokens).
+        ci_low (list[float]): ``[k]`` lower bound of its CI (NaN with < 2 records).
+        ci_high (list[float]): ``[k]`` upper bound.
+        mean_delta_p (float): Mean ``delta_p`` over all tokens (the sum of ``mean_credit``
+            up to the completeness error).
+        onset_counts (list[int]): ``[k]`` tokens whose onset is each layer.
+        max_abs_convergence_delta (float): ``max |sum of credits - delta_p|`` over all
+            tokens (0 without tokens).
+        worst (dict, optional): Where that maximum is: ``{"id", "token"}``.
+        slowest (list[dict]): Up to :data:`N_SLOWEST` records by ``seconds``, slowest first:
+            ``{"id", "index", "seconds", "tokens"}``.
+        total_seconds (float): Sum of ``seconds`` over the records that have it.
+        failures (list[dict]): Every failed record: ``{"id", "index", "error_type",
+            "error", "prompt"}``.
+        settings (dict): Per name of :data:`SETTINGS`, the distinct values in the run.
+        n_boot (int): Bootstrap resamples.
+        seed (int): Bootstrap seed.
+        confidence (float): Confidence level of the CIs.
+        torn (int): Torn lines skipped while loading.
+    """
+
+    layers: list[int]
+    units: str
+    contrastive: bool
+    n_ok: int
+    n_failed: int
+    n_tokens: int
+    n_documents: int
+    mean_credit: list[float]
+    ci_low: list[float]
+    ci_high: list[float]
+    mean_delta_p: float
+    onset_counts: list[int]
+    max_abs_convergence_delta: float
+    worst: Optional[dict]
+    slowest: list[dict]
+    total_seconds: float
+    failures: list[dict]
+    settings: dict[str, list] = field(default_factory=dict)
+    n_boot: int = 1000
+    seed: int = 0
+    confidence: float = 0.95
+    torn: int = 0
+
+    @property
+    def layer_names(self) -> list[str]:
+        """``"emb"`` for index 0, ``"L<l>"`` for the output of block ``l``."""
+        return layer_names(self.layers)
+
+    @property
+    def credit_words(self) -> str:
+        """What the credits are, in words, with their units."""
+        if self.units == "probability":
+            return f"credit to {'p(y) - p(foil)' if self.contrastive else 'p(y)'} (probability)"
+        return f"credit to {'log p(y) - log p(foil)' if self.contrastive else 'log p(y)'} (nats)"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (NaN as null), one entry per layer under ``"per_layer"``."""
+        per_layer = [
+            {"layer": layer, "name": name, "mean_credit": num(mean), "ci_low": num(low),
+             "ci_high": num(high), "onset_count": count}
+            for layer, name, mean, low, high, count in zip(
+                self.layers, self.layer_names, self.mean_credit, self.ci_low, self.ci_high,
+                self.onset_counts, strict=True)
+        ]
+        return {
+            "records_ok": self.n_ok, "records_failed": self.n_failed, "tokens": self.n_tokens,
+            "document_records": self.n_documents, "torn_lines_skipped": self.torn,
+            "layers": self.layers, "units": self.units, "contrastive": self.contrastive,
+            "settings": self.settings, "per_layer": per_layer,
+            "mean_delta_p": num(self.mean_delta_p),
+            "bootstrap": {"n_boot": self.n_boot, "seed": self.seed,
+                          "confidence": self.confidence, "method": "percentile",
+                          "resampled": "records (their tokens pooled)"},
+            "completeness": {"max_abs_convergence_delta": self.max_abs_convergence_delta,
+                             "tokens": self.n_tokens, "worst": self.worst},
+            "slowest": self.slowest, "total_seconds": self.total_seconds,
+            "failures": self.failures,
+        }
+
+    def format(self) -> str:
+        """The printed report, at most 100 columns wide.
+
+        Counts, the settings, the per-layer table (mean credit, CI, onset count and share),
+        the completeness over the run, the slowest records and every failure.
+        """
+        lines = _head_lines(self) + [""] + _layer_lines(self) + [_completeness_line(self)]
+        lines += _slow_lines(self) + _failure_lines(self)
+        return "\n".join(shorten(line, _WIDTH) for line in lines)
+
+    def __str__(self) -> str:
+        """The report of :meth:`format`."""
+        return self.format()
+
+
+def summarize(
+    records: Sequence[dict], errors: Sequence[dict] = (), n_boot: int = 1000, seed: int = 0,
+    confidence: float = 0.95, torn: int = 0,
+) -> RunSummary:
+    """Pool the records of a run into a :class:`RunSummary`.
+
+    The per-layer mean is over all explained tokens (a record with many tokens, such as a
+    document, weighs as much as its tokens). Its CI comes from a percentile bootstrap that
+    resamples records and pools their tokens (:func:`cluster_mean_ci`).
+
+    Args:
+        records (sequence of dict): The ``"ok"`` lines of :func:`load_results`.
+        errors (sequence of dict, optional): The ``"error"`` lines. Default: none.
+        n_boot (int, optional): Bootstrap resamples (>= 1). Default: 1000.
+        seed (int, optional): Bootstrap seed. Default: 0.
+        confidence (float, optional): Confidence level in (0, 1). Default: 0.95.
+        torn (int, optional): Torn lines skipped while loading, for the report. Default: 0.
+
+    Returns:
+        RunSummary
+
+    Raises:
+        ValueError: nothing to summarize, ``n_boot`` < 1, ``confidence`` outside (0, 1),
+            records that differ in layers, units or contrastive mode (the message names the
+            ids of each group), or a record whose tokens do not hold its layers' credits.
+    """
+    if not records and not errors:
+        raise ValueError("nothing to summarize: no record and no error")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    layers_t, units, contrastive = _check_compatible(records)
+    layers = list(layers_t)
+    arrays = [_arrays(record, layers) for record in records]
+    pooled = _pooled(arrays, len(layers))
+    filled = [(a.credits.sum(0), len(a.delta_p)) for a in arrays if len(a.delta_p)]
+    sums = np.array([s for s, _ in filled]).reshape(len(filled), len(layers))
+    low, high = cluster_mean_ci(sums, np.array([c for _, c in filled], dtype=np.float64),
+                                n_boot, seed, confidence)
+    with_seconds = [r for r in records if isinstance(r.get("seconds"), (int, float))]
+    return RunSummary(
+        layers=layers, units=units, contrastive=contrastive, n_ok=len(records),
+        n_failed=len(errors), n_tokens=len(pooled.delta_p),
+        n_documents=sum(bool(r.get("document")) for r in records),
+        mean_credit=_mean(pooled.credits, len(layers)), ci_low=low.tolist(),
+        ci_high=high.tolist(),
+        mean_delta_p=float(pooled.delta_p.mean()) if len(pooled.delta_p) else math.nan,
+        onset_counts=[int((pooled.onsets == layer).sum()) for layer in layers],
+        max_abs_convergence_delta=(float(np.abs(pooled.convergence).max())
+                                   if len(pooled.convergence) else 0.0),
+        worst=_worst(records, arrays), slowest=_slowest(with_seconds),
+        total_seconds=float(sum(r["seconds"] for r in with_seconds)),
+        failures=[_failure(e) for e in errors], settings=_settings(records),
+        n_boot=n_boot, seed=seed, confidence=confidence, torn=torn,
+    )
+
+
+def _pooled(arrays: Sequence[_Arrays], k: int) -> _Arrays:
+    """Every record's tokens, concatenated in record order."""
+    if not arrays:
+        return _Arrays(np.zeros((0, k)), np.zeros(0), np.zeros(0), np.zeros(0, np.int64))
+    return _Arrays(*(np.concatenate([getattr(a, name) for a in arrays])
+                     for name in ("credits", "delta_p", "convergence", "onsets")))
+
+
+def _mean(credits: np.ndarray, k: int) -> list[float]:
+    return credits.mean(0).tolist() if len(credits) else [math.nan] * k
+
+
+def _worst(records: Sequence[dict], arrays: Sequence[_Arrays]) -> Optional[dict]:
+    """The record id and token index of the largest ``|convergence_delta|``."""
+    best: Optional[dict] = None
+    value = -1.0
+    for record, a in zip(records, arrays, strict=True):
+        if len(a.convergence) and float(np.abs(a.convergence).max()) > value:
+            value = float(np.abs(a.convergence).max())
+            best = {"id": record.get("id"), "index": record.get("index"),
+                    "token": int(np.abs(a.convergence).argmax())}
+    return best
+
+
+def _slowest(records: Sequence[dict]) -> list[dict]:
+    ranked = sorted(records, key=lambda r: -float(r["seconds"]))[:N_SLOWEST]
+    return [{"id": r.get("id"), "index": r.get("index"), "seconds": float(r["seconds"]),
+             "tokens": len(r.get("tokens", ()))} for r in ranked]
+
+
+def _failure(entry: dict) -> dict:
+    return {"id": entry.get("id"), "index": entry.get("index"),
+            "error_type": entry.get("error_type") or "Error",
+            "error": str(entry.get("error", "")), "prompt": entry.get("prompt")}
+
+
+def _settings(records: Sequence[dict]) -> dict[str, list]:
+    """Per name of :data:`SETTINGS`, its distinct values in file order."""
+    out: dict[str, list] = {}
+    for name in SETTINGS:
+        values = [r.get(name) for r in records if r.get(name) is not None]
+        out[name] = list(dict.fromkeys(values))
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+def _head_lines(s: RunSummary) -> list[str]:
+    docs = f" ({s.n_documents} in document mode)" if s.n_documents else ""
+    lines = [f"IG-Lens run: {_plural(s.n_ok, 'record')} explained, {s.n_failed} failed, "
+             f"{_plural(s.n_tokens, 'token')}{docs}"]
+    if s.torn:
+        lines.append(f"skipped {_plural(s.torn, 'torn line')} (a run killed mid-write)")
+    shown = [f"{name.replace('_', ' ')} {', '.join(str(v) for v in values)}"
+             for name, values in s.settings.items() if values]
+    lines += textwrap.wrap(" | ".join(shown), _WIDTH) if shown else []
+    mixed = [name for name, values in s.settings.items() if len(values) > 1]
+    if mixed:
+        lines.append(f"note: the records differ in {', '.join(mixed)}; they are pooled anyway")
+    if s.layers:
+        lines.append(f"{s.credit_words}, {len(s.layers)} layers")
+    return lines
+
+
+def _layer_lines(s: RunSummary) -> list[str]:
+    if not s.layers:
+        return ["no record was explained: no per-layer credit"]
+    pct = f"{100 * s.confidence:g}%"
+    ci_note = (f"{pct} CI: percentile bootstrap resampling records, their tokens pooled "
+               f"({s.n_boot} resamples, seed {s.seed})" if s.n_ok > 1
+               else "no CI: it needs at least 2 records")
+    lines = [f"Per-layer mean credit over {_plural(s.n_tokens, 'token')} of "
+             f"{_plural(s.n_ok, 'record')}", ci_note,
+             f"  {'layer':<8}{'mean':>12}{pct + ' CI low':>14}{pct + ' CI high':>14}"
+             f"{'onsets':>9}{'share':>8}"]
+    total = max(s.n_tokens, 1)
+    for name, mean, low, high, count in zip(s.layer_names, s.mean_credit, s.ci_low, s.ci_high,
+                                            s.onset_counts, strict=True):
+        share = count / total
+        lines.append(f"  {shorten(name, 8):<8}{fmt(mean, '+.4g'):>12}{fmt(low, '+.4g'):>14}"
+                     f"{fmt(high, '+.4g'):>14}{count:>9}{100 * share:>7.1f}% "
+                     f"{'#' * round(20 * share)}")
+    lines.append(f"  {'sum':<8}{fmt(math.fsum(s.mean_credit), '+.4g'):>12}   mean delta_p "
+                 f"{fmt(s.mean_delta_p, '+.4g')}")
+    return lines
+
+
+def _completeness_line(s: RunSummary) -> str:
+    worst = ""
+    if s.worst is not None and s.n_tokens:
+        worst = f" (worst: record {_name(s.worst)}, token {s.worst['token']})"
+    return (f"Completeness: max |sum of credits - delta_p| = "
+            f"{s.max_abs_convergence_delta:.3g} over {_plural(s.n_tokens, 'token')}{worst}")
+
+
+def _slow_lines(s: RunSummary) -> list[str]:
+    if not s.slowest:
+        return []
+    lines = ["", f"Slowest records ({s.total_seconds:.1f} s over all records):"]
+    for r in s.slowest:
+        lines.append(f"  {shorten(_name(r), 40):<40} {r['seconds']:>9.2f} s  {r['tokens']:>6} "
+                     f"token{'s' if r['tokens'] != 1 else ''}")
+    return lines
+
+
+def _failure_lines(s: RunSummary) -> list[str]:
+    if not s.failures:
+        return []
+    lines = ["", f"Failed records ({len(s.failures)}):"]
+    for f in s.failures:
+        message = " ".join(str(f["error"]).split())
+        lines.append(f"  {shorten(_name(f), 24):<24} {f['error_type']}: {message}")
+    return lines
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _name(entry: dict) -> str:
+    return record_label(entry)
