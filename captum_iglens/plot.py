@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from captum_iglens.results._format import readout_words
+
 if TYPE_CHECKING:  # pragma: no cover
     from captum.attr import LLMAttributionResult
     from matplotlib.figure import Figure
@@ -32,7 +34,8 @@ def result_to_captum(result: IGLensResult) -> LLMAttributionResult:
     The layer names (``"emb"``, ``"L1"``, ...) stand in the place of Captum's input tokens and
     the answer tokens are the output tokens: ``token_attr`` is the ``[T, k]`` IG-Lens credit
     (probability units), ``seq_attr`` the ``[k]`` per-layer credit summed over the answer
-    tokens, ``output_probs`` the model's probability of each answer token. Captum's
+    tokens, ``output_probs`` the model's probability of each answer token (its
+    ``p(y) - p(foil)`` for a contrastive result, in the result's units). Captum's
     ``plot_token_attr()`` then draws the token x layer heatmap, ``plot_seq_attr()`` the
     per-layer totals.
     """
@@ -86,7 +89,17 @@ def _label(token: str, limit: int = 14) -> str:
 
 
 def _units(result: IGLensResult) -> str:
-    return "probability" if result.units == "probability" else "log-probability, nats"
+    return readout_words(result.units, result.contrastive)
+
+
+def _token_label(result: IGLensResult, t: int, ok: bool) -> str:
+    """Heatmap row label: index, token, ``*`` when not the argmax, and the foil if any."""
+    text = f"{t} {_label(result.tokens[t])}{'' if ok else '*'}"
+    if result.contrast_ids is None:
+        return text
+    foil = (result.contrast_tokens[t] if result.contrast_tokens is not None
+            else f"id {result.contrast_ids[t]}")
+    return f"{text} vs {_label(foil)}"
 
 
 def _onset_words(result: IGLensResult) -> str:
@@ -134,6 +147,9 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
     text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
             f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
+    if result.contrastive:
+        text += (" Contrastive: every value is F = p(y) - p(foil) (log units: the log-ratio), "
+                 "each answer token y against its foil ('vs').")
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 3)
@@ -155,8 +171,8 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
     fig.colorbar(image, ax=ax, label=f"IG-Lens credit ({_units(result)})")
     ax.set_xticks(range(k), labels=result.layer_names, rotation=90, fontsize=7)
     flags = list(result.is_argmax) or [True] * n_tok
-    labels = [f"{t} {_label(tok)}{'' if ok else '*'}"
-              for t, (tok, ok) in enumerate(zip(result.tokens, flags, strict=True))]
+    labels = [_token_label(result, t, ok)
+              for t, ok in zip(range(n_tok), flags, strict=True)]
     ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
     ax.set_xlabel("layer")
     ax.set_ylabel("answer token")
@@ -196,11 +212,7 @@ def _trajectory(
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("hidden-state index (layer)")
     ax.set_title("logit-lens trajectory per token", fontsize=9)
-    if result.units == "probability":
-        ax.set_ylabel("logit-lens probability f(h_L)")
-        ax.set_ylim(-0.02, 1.02)
-    else:
-        ax.set_ylabel("logit-lens log-probability (nats)")
+    _trajectory_axis(ax, result)
     if not n_tok:
         return
     if few:
@@ -211,6 +223,18 @@ def _trajectory(
                        label="answer token index", fraction=0.05, aspect=50)
     bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))
     bar.ax.invert_yaxis()  # index 0 on top, as in the heatmap
+
+
+def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
+    """The trajectory's y label (what ``f`` is) and, for probabilities, its range."""
+    if result.units == "probability":
+        contrast = result.contrastive
+        ax.set_ylabel("logit-lens p(y) - p(foil)" if contrast
+                      else "logit-lens probability f(h_L)")
+        ax.set_ylim(-1.02 if contrast else -0.02, 1.02)
+    else:
+        ax.set_ylabel("logit-lens log p(y) - log p(foil) (nats)" if result.contrastive
+                      else "logit-lens log-probability (nats)")
 
 
 def _top1_grid(ax: Any, result: IGLensResult, row_pt: float) -> None:

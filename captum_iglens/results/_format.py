@@ -29,6 +29,17 @@ def fmt(x: Optional[float], spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def readout_words(units: str, contrastive: bool) -> str:
+    """What a result's values are, in words, for legends and axis labels.
+
+    ``"probability"``, ``"log-probability, nats"``, or for contrastive results
+    ``"p(y) - p(foil), probability"`` / ``"log p(y) - log p(foil), nats"``.
+    """
+    if units == "probability":
+        return "p(y) - p(foil), probability" if contrastive else "probability"
+    return "log p(y) - log p(foil), nats" if contrastive else "log-probability, nats"
+
+
 def shorten(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters with an ellipsis."""
     return text if len(text) <= width else text[: width - 1] + "…"

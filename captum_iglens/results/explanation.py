@@ -21,7 +21,10 @@ class IGLensResult:
     """IG-Lens over every answer token of one prompt (``T`` tokens, ``k`` chosen layers).
 
     Probabilities and credits are in the readout's units (``units``: probability by default,
-    or log-probability in nats), float32 CPU tensors.
+    or log-probability in nats), float32 CPU tensors. A contrastive result (``contrast_ids``
+    set, :attr:`contrastive`) decomposes ``F = p(token) - p(foil)`` per token (log units:
+    ``log p(token) - log p(foil)``, nats): ``attributions``, ``lens_probs``, ``p_final``,
+    ``p_baseline`` and the delta then hold values and changes of ``F``.
 
     Attributes:
         prompt (str): The user's prompt, before any chat template.
@@ -56,6 +59,9 @@ class IGLensResult:
         top_k_ids (Tensor, optional): ``[T, k, K]`` the logit lens's top tokens per layer.
         top_k_probs (Tensor, optional): ``[T, k, K]`` their probabilities.
         top_k_tokens (list, optional): ``T x k x K`` readable top tokens.
+        contrast_ids (list[int], optional): One foil token id per answer token; ``None``
+            when the result is not contrastive.
+        contrast_tokens (list[str], optional): The foils, readable (one per answer token).
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -94,6 +100,8 @@ class IGLensResult:
     top_k_ids: Optional[Tensor] = None
     top_k_probs: Optional[Tensor] = None
     top_k_tokens: Optional[list] = None
+    contrast_ids: Optional[list[int]] = None
+    contrast_tokens: Optional[list[str]] = None
 
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
@@ -106,8 +114,9 @@ class IGLensResult:
             if tuple(getattr(self, name).shape) != (n_tok,):
                 raise ValueError(f"IGLensResult.{name} has shape "
                                  f"{tuple(getattr(self, name).shape)}, expected ({n_tok},).")
-        for name in ("token_ids", "positions", "onset_layers"):
-            if len(getattr(self, name)) != n_tok:
+        for name in ("token_ids", "positions", "onset_layers", "contrast_ids",
+                     "contrast_tokens"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n_tok:
                 raise ValueError(f"IGLensResult.{name} has {len(getattr(self, name))} entries "
                                  f"for {n_tok} tokens.")
 
@@ -115,6 +124,11 @@ class IGLensResult:
     def delta_p(self) -> Tensor:
         """``[T]`` ``p_final - p_baseline``: what each token's credits add up to."""
         return self.p_final - self.p_baseline
+
+    @property
+    def contrastive(self) -> bool:
+        """Whether the values are ``p(token) - p(foil)`` (``contrast_ids`` set)."""
+        return self.contrast_ids is not None
 
     @property
     def completeness_error(self) -> float:
@@ -141,6 +155,10 @@ class IGLensResult:
             "onset_layer": int(self.onset_layers[t]),
             "is_argmax": bool(self.is_argmax[t]) if self.is_argmax else None,
         }
+        if self.contrast_ids is not None:
+            entry["contrast_id"] = int(self.contrast_ids[t])
+            entry["contrast_token"] = (self.contrast_tokens[t] if self.contrast_tokens
+                                       is not None else None)
         if self.top_k_ids is not None and self.top_k_probs is not None:
             entry["top_k"] = [
                 [{"token_id": int(i), "p": float(p)}
@@ -152,7 +170,11 @@ class IGLensResult:
         return entry
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: settings, ``input_ids``, and one entry per answer token."""
+        """A JSON-ready dict: settings, ``input_ids``, and one entry per answer token.
+
+        ``"contrastive"`` (top level) says whether the values are ``p(token) - p(foil)``;
+        contrastive tokens carry ``"contrast_id"`` and ``"contrast_token"``.
+        """
         return {
             "model": self.model_name,
             "prompt": self.prompt,
@@ -167,6 +189,7 @@ class IGLensResult:
             "input_ids": [int(i) for i in self.input_ids],
             "layers": [int(i) for i in self.layer_indices],
             "units": self.units,
+            "contrastive": self.contrastive,
             "method": self.method,
             "baseline": self.baseline,
             "baseline_description": self.baseline_description,
@@ -193,6 +216,7 @@ class IGLensResult:
             "onset_layers": [t["onset_layer"] for t in tokens],
             "is_argmax": [bool(t["is_argmax"]) for t in tokens
                           if t.get("is_argmax") is not None],
+            **_contrast_fields(data),
         }
         k = len(data["layers"])
         tensors = {
@@ -256,3 +280,13 @@ class IGLensResult:
     def __str__(self) -> str:
         """The answer and the table."""
         return f"answer: {self.answer!r}\n" + self.format_table()
+
+
+def _contrast_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """``contrast_ids`` / ``contrast_tokens`` of a :meth:`IGLensResult.to_dict` dict."""
+    tokens = data["tokens"]
+    if not data.get("contrastive") and not any("contrast_id" in t for t in tokens):
+        return {}
+    names = [t.get("contrast_token") for t in tokens]
+    return {"contrast_ids": [int(t["contrast_id"]) for t in tokens],
+            "contrast_tokens": names if all(n is not None for n in names) else None}

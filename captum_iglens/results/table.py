@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-from captum_iglens.results._format import shorten
+from captum_iglens.results._format import readout_words, shorten
 
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
@@ -22,29 +22,51 @@ def format_number(value: float, signed: bool = True, digits: int = 5) -> str:
     return "0" if float(text) == 0.0 else text
 
 
-def _block(result: IGLensResult, cols: list[int]) -> list[str]:
-    names, units_p = result.layer_names, "lens p" if result.units == "probability" else "lens lp"
+def _row_names(result: IGLensResult) -> tuple[str, str, str]:
+    """Names of the level column, the total row and the final-value row."""
+    if result.contrastive:
+        return "lens F", "ΔF", "F"
+    if result.units == "probability":
+        return "lens p", "Δp", "p"
+    return "lens lp", "Δp", "log p"
 
+
+def _head(result: IGLensResult, cols: list[int]) -> list[str]:
+    """Token labels (with the foils under them when contrastive) and the column names."""
     def label(t: int) -> str:
         mark = "" if not result.is_argmax or result.is_argmax[t] else "*"
         return shorten(repr(result.tokens[t]) + mark, _TOKEN)
 
+    def foil(t: int) -> str:
+        ids = result.contrast_ids or []
+        text = repr(result.contrast_tokens[t]) if result.contrast_tokens else f"id {ids[t]}"
+        return shorten(text, _TOKEN)
+
     head = f"{'layer':>6} |" + "".join(f" {label(t):>{_TOKEN}} |" for t in cols)
-    sub = f"{'':>6} |" + "".join(f" {'IG':>{_CELL}} {units_p:>{_CELL}} |" for _ in cols)
-    lines = [head, sub, "-" * len(head)]
+    lines = [head]
+    if result.contrastive:
+        lines.append(f"{'vs':>6} |" + "".join(f" {foil(t):>{_TOKEN}} |" for t in cols))
+    level = _row_names(result)[0]
+    lines.append(f"{'':>6} |" + "".join(f" {'IG':>{_CELL}} {level:>{_CELL}} |" for _ in cols))
+    return lines + ["-" * len(head)]
+
+
+def _block(result: IGLensResult, cols: list[int]) -> list[str]:
+    names, (_, total, final) = result.layer_names, _row_names(result)
+    lines = _head(result, cols)
+    rule, signed = lines[-1], result.contrastive
     for j, name in enumerate(names):
         cells = "".join(
             f" {format_number(float(result.attributions[t, j])):>{_CELL}}"
-            f" {format_number(float(result.lens_probs[t, j]), signed=False):>{_CELL}} |"
+            f" {format_number(float(result.lens_probs[t, j]), signed=signed):>{_CELL}} |"
             for t in cols
         )
         lines.append(f"{name:>6} |" + cells)
-    lines.append("-" * len(head))
+    lines.append(rule)
     for key, values in (
         ("sum", [float(result.attributions[t].sum()) for t in cols]),
-        ("Δp", [float(result.delta_p[t]) for t in cols]),
-        ("p" if result.units == "probability" else "log p",
-         [float(result.p_final[t]) for t in cols]),
+        (total, [float(result.delta_p[t]) for t in cols]),
+        (final, [float(result.p_final[t]) for t in cols]),
     ):
         lines.append(f"{key:>6} |" + "".join(
             f" {format_number(v, digits=6):>{_TOKEN}} |" for v in values))
@@ -53,22 +75,44 @@ def _block(result: IGLensResult, cols: list[int]) -> list[str]:
     return lines + [""]
 
 
-def _legend(result: IGLensResult) -> list[str]:
-    unit = "probability" if result.units == "probability" else "log-probability, nats"
-    rule = (f"first layer from which the cumulative credit stays at or beyond "
-            f"{result.onset_frac:g}·Δp" if result.onset_rule == "sustained" else
+def _onset_rule(result: IGLensResult, total: str) -> str:
+    """The onset rule in words; ``total`` names what the credits add up to."""
+    return (f"first layer from which the cumulative credit stays at or beyond "
+            f"{result.onset_frac:g}·{total}" if result.onset_rule == "sustained" else
             f"first layer holding {result.onset_frac:g} of the cumulative |credit|")
+
+
+def _contrast_legend(result: IGLensResult) -> list[str]:
+    """The legend of a contrastive table: every value is ``F``, the foil under each token."""
+    f, unit = (("log p(token) - log p(foil)", "nats") if result.units != "probability"
+               else ("p(token) - p(foil)", "probability"))
+    text = (f"Contrastive: every value is F = {f} ({unit}): why "
+            "the token rather than its foil, named under it ('vs'). IG: the layer's IG-Lens "
+            "credit to F; lens F: logit-lens F(h_L) at that layer (a level, not a credit); sum: "
+            "the credits' sum; ΔF: F minus F at the baseline, what the credits add up to; F: "
+            f"the model's own F; onset: {_onset_rule(result, 'ΔF')} ({result.onset_rule} rule).")
+    return textwrap.wrap(text, 100)
+
+
+def _legend(result: IGLensResult) -> list[str]:
+    if result.contrastive:
+        return _contrast_legend(result) + _argmax_legend(result)
+    unit = readout_words(result.units, False)
+    rule = _onset_rule(result, "Δp")
     lens, p = ("lens p", "p") if result.units == "probability" else ("lens lp", "log p")
     text = (f"IG: the layer's IG-Lens credit ({unit}); {lens}: logit-lens readout f(h_L) of the "
             f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum; Δp: "
             f"{p} minus the readout at the baseline, what the credits add up to; {p}: the "
             f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
             f"onset: {rule} ({result.onset_rule} rule).")
-    lines = textwrap.wrap(text, 100)
+    return textwrap.wrap(text, 100) + _argmax_legend(result)
+
+
+def _argmax_legend(result: IGLensResult) -> list[str]:
     if result.is_argmax and not all(result.is_argmax):
-        lines += textwrap.wrap("*: not the argmax of the explained forward (a given answer, or "
-                               "generation and the teacher-forced forward differ).", 100)
-    return lines
+        return textwrap.wrap("*: not the argmax of the explained forward (a given answer, or "
+                             "generation and the teacher-forced forward differ).", 100)
+    return []
 
 
 def format_explanation(result: IGLensResult, tokens_per_block: int = 4) -> str:
@@ -85,8 +129,10 @@ def format_explanation(result: IGLensResult, tokens_per_block: int = 4) -> str:
         lines.append(f"answer truncated: generation stopped at max_new_tokens="
                      f"{result.max_new_tokens} before an end token.")
     base = result.baseline_description or result.baseline
-    lines.append(f"completeness: max |sum - Δp| = {result.completeness_error:.3e} over "
-                 f"{len(result.tokens)} token{'' if len(result.tokens) == 1 else 's'} "
-                 f"({result.method}, {result.units})")
+    total, kind = _row_names(result)[1], ", contrastive" if result.contrastive else ""
+    lines += textwrap.wrap(
+        f"completeness: max |sum - {total}| = {result.completeness_error:.3e} over "
+        f"{len(result.tokens)} token{'' if len(result.tokens) == 1 else 's'} "
+        f"({result.method}, {result.units}{kind})", 100)
     lines += textwrap.wrap(f"baseline: {base}", 100)
     return "\n".join(lines)
