@@ -181,13 +181,16 @@ def _write_cache(model: nn.Module, tokenizer: Any, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.Module, Any]:
+def load_model(spec: Optional[str] = None, use_cache: bool = True,
+               device_map: Optional[str] = None) -> tuple[nn.Module, Any]:
     """Load a causal LM and its tokenizer offline, in eval mode.
 
     Args:
         spec (str, optional): ``None`` or ``"smollm2"`` for the embedded SmolLM2-135M-Instruct;
             a local Hugging Face model folder; or a ``.gguf`` file (de-quantised and cached).
         use_cache (bool, optional): Use / fill the on-disk cache for GGUF models. Default: True.
+        device_map (str, optional): For a model folder, accelerate's device map (``"auto"``
+            spreads a large model over the visible GPUs). Default: None (CPU).
 
     Returns:
         (model, tokenizer)
@@ -195,8 +198,12 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.M
     Raises:
         FileNotFoundError: if the path does not exist, a folder holds no model, or the default
             model is not installed.
-        ValueError: a folder with an encoder-decoder or encoder-only model (not a causal LM).
+        ValueError: a folder with an encoder-decoder or encoder-only model (not a causal LM),
+            or a ``device_map`` for a GGUF file.
     """
+    if device_map is not None and not Path(str(spec or "")).expanduser().is_dir():
+        raise ValueError("--device-map applies to model folders; the GGUF models here are "
+                         "small: use --device instead.")
     if spec is None or spec == DEFAULT_MODEL:
         return _load_gguf(default_gguf_path(), use_cache)
     path = Path(spec).expanduser()
@@ -206,7 +213,8 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True) -> tuple[nn.M
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         _check_causal_lm_folder(path)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
+                                                     device_map=device_map)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as err:  # transformers' own messages span many lines

@@ -28,7 +28,8 @@ PROMPT = "What is the capital of France?"
 @pytest.fixture
 def patched_load(smollm2, monkeypatch):
     """Reuse the session's SmolLM2 instead of loading it again in every command."""
-    monkeypatch.setattr(models, "load_model", lambda spec=None, use_cache=True: smollm2)
+    monkeypatch.setattr(models, "load_model",
+                        lambda spec=None, use_cache=True, device_map=None: smollm2)
     return smollm2
 
 
@@ -36,7 +37,7 @@ def patched_load(smollm2, monkeypatch):
 def no_load(monkeypatch):
     """Fail the test if the CLI tries to load a model."""
 
-    def load_model(spec=None, use_cache=True):
+    def load_model(spec=None, use_cache=True, device_map=None):
         pytest.fail(f"the model was loaded (spec {spec!r}) before the argument error")
 
     monkeypatch.setattr(models, "load_model", load_model)
@@ -210,7 +211,7 @@ def test_unexpected_error_names_its_type_and_debug_reraises(monkeypatch, capsys)
     class Boom(Exception):
         pass
 
-    def load_model(spec=None, use_cache=True):
+    def load_model(spec=None, use_cache=True, device_map=None):
         raise Boom("first line\nsecond line")
 
     monkeypatch.setattr(models, "load_model", load_model)
@@ -223,7 +224,7 @@ def test_unexpected_error_names_its_type_and_debug_reraises(monkeypatch, capsys)
 
 
 def test_ctrl_c_exits_130(monkeypatch, capsys) -> None:
-    def load_model(spec=None, use_cache=True):
+    def load_model(spec=None, use_cache=True, device_map=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(models, "load_model", load_model)
@@ -256,7 +257,7 @@ def test_explain_json_and_plot_on_smollm2(patched_load, tmp_path, capsys) -> Non
 def test_model_option_reaches_the_loader(smollm2, monkeypatch, capsys) -> None:
     specs = []
 
-    def load_model(spec=None, use_cache=True):
+    def load_model(spec=None, use_cache=True, device_map=None):
         specs.append(spec)
         return smollm2
 

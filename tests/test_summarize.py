@@ -290,7 +290,7 @@ def test_plot_summary_shows_the_summary(lines) -> None:
 # ----------------------------------------------------------------------------- command line
 @pytest.fixture
 def no_load(monkeypatch):
-    def load_model(spec=None, use_cache=True):
+    def load_model(spec=None, use_cache=True, device_map=None):
         pytest.fail("iglens summarize loaded a model")
 
     monkeypatch.setattr(models, "load_model", load_model)

@@ -143,7 +143,8 @@ def test_cli_argument_errors_come_before_loading(no_load, argv, capsys) -> None:
 
 
 def test_cli_validate(smollm2, one_thread, monkeypatch, tmp_path, capsys) -> None:
-    monkeypatch.setattr(models, "load_model", lambda spec=None, use_cache=True: smollm2)
+    monkeypatch.setattr(models, "load_model",
+                        lambda spec=None, use_cache=True, device_map=None: smollm2)
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(PROMPTS[:2]) + "\n", encoding="utf-8")
     js, png = tmp_path / "v.json", tmp_path / "v.png"

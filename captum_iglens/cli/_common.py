@@ -54,12 +54,13 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def load(model: str | None) -> tuple[Any, Any]:
+def load(model: str | None, device_map: str | None = None) -> tuple[Any, Any]:
     """Load the model and its tokenizer quietly (one progress line on stderr).
 
     Args:
         model (str, optional): ``--model``: ``None`` or ``"smollm2"`` for the embedded
             SmolLM2-135M-Instruct, a local model folder or a ``.gguf`` file. Default: None.
+        device_map (str, optional): ``--device-map`` for a model folder (e.g. ``"auto"``).
 
     Returns:
         (model, tokenizer)
@@ -75,7 +76,7 @@ def load(model: str | None) -> tuple[Any, Any]:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     print(f"loading {model or 'smollm2 (embedded SmolLM2-135M-Instruct)'} ...", file=sys.stderr)
-    return models.load_model(model)
+    return models.load_model(model, device_map=device_map)
 
 
 def model_device(model: Any) -> Any:

@@ -26,6 +26,7 @@ __all__ = [
     "add_model_options",
     "add_output_options",
     "add_prompt_options",
+    "add_result_options",
     "at_least",
     "evenly_spaced_layers",
     "parse_layers",
@@ -189,6 +190,43 @@ def add_estimator_options(
 def _check_method_steps(args: argparse.Namespace) -> None:
     if args.method != "prediction_aware" and args.n_steps < 2:
         raise UsageError(f"--method {args.method} needs --n-steps >= 2")
+
+
+def add_result_options(parser: argparse.ArgumentParser) -> None:
+    """``--onset-frac``, ``--onset-rule``, ``--units``, ``--top-k`` and ``--contrast``."""
+    parser.add_argument("--onset-frac", type=_fraction, default=0.5,
+                        help="fraction for the onset layer (default: 0.5)")
+    parser.add_argument("--onset-rule", choices=("sustained", "mass"), default="sustained",
+                        help="sustained (default): the first layer from which the cumulative "
+                        "credit stays at or beyond frac x Δp; mass: the first layer holding "
+                        "frac of the cumulative |credit|")
+    parser.add_argument("--units", choices=("probability", "log-probability"),
+                        default="probability",
+                        help="the readout that is decomposed: probability (default) or "
+                        "log-probability in nats; the credits add up exactly in either")
+    parser.add_argument("--top-k", type=at_least(0, "--top-k"), default=0,
+                        help="record the logit lens's top-k tokens at every layer in the JSON "
+                        "and plot (default: 0, none)")
+    parser.add_argument("--contrast", default=None, metavar="TEXT",
+                        help="contrastive: explain p(token) - p(foil) with this foil text (one "
+                        "token for every answer token, or one per answer token); log units: "
+                        "the log-ratio. A leading space matters")
+    add_check(parser, _check_contrast)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise UsageError(f"--onset-frac must be in (0, 1], got {text}")
+    return value
+
+
+_fraction.__name__ = "float"
+
+
+def _check_contrast(args: argparse.Namespace) -> None:
+    if args.contrast == "":
+        raise UsageError("--contrast is empty: give the foil text (e.g. ' London')")
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:

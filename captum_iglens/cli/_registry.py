@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Protocol
 
-from captum_iglens.cli import compare, explain, validate
+from captum_iglens.cli import compare, explain, run, summarize, validate
 
 __all__ = ["COMMANDS", "DEFAULT_COMMAND", "Command"]
 
@@ -35,6 +35,8 @@ COMMANDS: dict[str, Command] = {
     "explain": explain,  # type: ignore[dict-item]
     "compare": compare,  # type: ignore[dict-item]
     "validate": validate,  # type: ignore[dict-item]
+    "run": run,  # type: ignore[dict-item]
+    "summarize": summarize,  # type: ignore[dict-item]
 }
 
 #: The command that ``iglens PROMPT ...`` (no command name first) runs.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from captum_iglens.cli import _options as opts
-from captum_iglens.cli._common import UsageError, load, write_json
+from captum_iglens.cli._common import load, write_json
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
@@ -36,19 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_model_options(parser)
     opts.add_layer_options(parser)
     opts.add_estimator_options(parser)
-    parser.add_argument("--onset-frac", type=_fraction, default=0.5,
-                        help="fraction for the onset layer (default: 0.5)")
-    parser.add_argument("--onset-rule", choices=("sustained", "mass"), default="sustained",
-                        help="sustained (default): the first layer from which the cumulative "
-                        "credit stays at or beyond frac x Δp; mass: the first layer holding "
-                        "frac of the cumulative |credit|")
-    parser.add_argument("--units", choices=("probability", "log-probability"),
-                        default="probability",
-                        help="the readout that is decomposed: probability (default) or "
-                        "log-probability in nats; the credits add up exactly in either")
-    parser.add_argument("--top-k", type=opts.at_least(0, "--top-k"), default=0,
-                        help="record the logit lens's top-k tokens at every layer in the JSON "
-                        "and plot (default: 0, none)")
+    opts.add_result_options(parser)
     opts.add_generation_options(parser)
     opts.add_output_options(
         parser,
@@ -56,16 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         plot_help="write the token x layer heatmap and logit-lens trajectory (PNG, PDF, SVG) "
         "to this path; several prompts get PATH-<i>",
     )
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise UsageError(f"--onset-frac must be in (0, 1], got {text}")
-    return value
-
-
-_fraction.__name__ = "float"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +101,7 @@ def _explainer(
             units=args.units,
             top_k=args.top_k,
             template_kwargs=opts.template_kwargs(args),
+            contrast=args.contrast,
         )
         print(f"prompt: {opts.echo(prompt)}")
         print(opts.template_note(result.chat_template_used))
@@ -130,6 +109,8 @@ def _explainer(
               + (" [truncated]" if result.truncated else ""))
         if args.target is not None:
             print(f"target token ids: {result.token_ids}")
+        if args.contrast is not None:
+            print(f"contrast (foil) token ids: {result.contrast_ids}")
         print(result.format_table())
         print()
         return result

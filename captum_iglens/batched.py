@@ -1,0 +1,184 @@
+"""Many prompts at once: left-padded greedy generation and teacher-forced IG-Lens batches.
+
+A row of a batch gives the result of the same prompt run alone (to float32 rounding): the
+attention mask hides the padding, ``position_ids`` restart at each row's first real token,
+and the mean baseline averages each row's own real positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import nn
+
+from captum_iglens.architectures import display_name, max_sequence_length, vocab_size
+from captum_iglens.ig_lens import IGLens
+from captum_iglens.prompts import RenderedPrompt
+from captum_iglens.residual import input_device, model_state_preserved
+from captum_iglens.results import IGLensResult
+from captum_iglens.results.from_output import AnswerSpec, result_from_output
+from captum_iglens.text import _neutral_generation_config, end_ids
+
+__all__ = ["AnswerJob", "explain_batch", "generate_batch", "pad_id"]
+
+
+@dataclass
+class AnswerJob:
+    """One prompt of a batch: its rendered ids, the answer to explain and its foils.
+
+    Attributes:
+        prompt (str): The user's prompt (recorded in the result).
+        rendered (RenderedPrompt): Its text and ids (chat template applied or not).
+        answer_ids (list[int]): The answer's ids (generated or given); empty until generated.
+        foils (list[int], optional): One foil id per answer token for a contrastive run.
+        keep (list[int], optional): Indices of the answer tokens to report (default: all).
+        generated (bool): The answer was generated greedily.
+    """
+
+    prompt: str
+    rendered: RenderedPrompt
+    answer_ids: list[int] = field(default_factory=list)
+    foils: Optional[list[int]] = None
+    keep: Optional[list[int]] = None
+    generated: bool = False
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id used for padding: the tokenizer's pad token, else its end token, else 0."""
+    for value in (getattr(tokenizer, "pad_token_id", None),
+                  getattr(tokenizer, "eos_token_id", None)):
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def generate_batch(model: nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
+                   max_new_tokens: int) -> list[list[int]]:
+    """Greedy answers of several prompts in one left-padded ``generate`` call.
+
+    Decoding is plain greedy (the checkpoint's stored generation settings are not applied),
+    as in :func:`~captum_iglens.text.generate_answer`; each answer stops after its first end
+    token.
+
+    Args:
+        model (nn.Module): A Hugging Face causal LM.
+        tokenizer: Its tokenizer (pad and end tokens).
+        prompt_ids (sequence of sequence of int): ``B`` prompts' token ids.
+        max_new_tokens (int): Longest answer.
+
+    Returns:
+        list[list[int]]: ``B`` answers, the end token included where the model emitted one.
+
+    Raises:
+        ValueError: a prompt plus ``max_new_tokens`` longer than the model's position table.
+    """
+    limit = max_sequence_length(model)
+    longest = max(len(p) for p in prompt_ids)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(f"A prompt of {longest} tokens plus max_new_tokens={max_new_tokens} "
+                         f"exceeds the model's {limit} positions.")
+    ids, mask = _left_pad(prompt_ids, pad_id(tokenizer), input_device(model))
+    with model_state_preserved(model), torch.no_grad(), \
+            _neutral_generation_config(model, tokenizer, max_new_tokens) as config:
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    ends = end_ids(model, tokenizer)
+    answers = []
+    for row in out[:, ids.shape[1]:].tolist():
+        stop = next((t + 1 for t, token in enumerate(row) if token in ends), len(row))
+        answers.append(row[:stop])
+    return answers
+
+
+def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
+             vocab: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``[B, n_cols]`` targets (and foils) at the last ``n_cols`` positions of each row.
+
+    Row ``r``'s answer fills its last ``T_r`` columns; earlier columns (prompt tokens of
+    that row) get the actual next token, and a foil different from it, and are dropped.
+    """
+    width = ids.shape[1]
+    filler = ids[:, width - n_cols + 1:]
+    targets = torch.cat([filler, filler[:, -1:]], dim=1).clone()
+    foils = (targets + 1) % vocab if jobs[0].foils is not None else None
+    for r, job in enumerate(jobs):
+        n = len(job.answer_ids)
+        targets[r, n_cols - n:] = torch.tensor(job.answer_ids)
+        if foils is not None:
+            foils[r, n_cols - n:] = torch.tensor(job.foils)
+    return targets, foils
+
+
+def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
+                  onset_frac: float = 0.5, onset_rule: str = "sustained", top_k: int = 0,
+                  **attribute_kwargs: Any) -> list[IGLensResult]:
+    """IG-Lens over every answer token of ``B`` prompts, in one left-padded forward.
+
+    Each row is ``prompt + answer[:-1]``, left-padded to the longest; answers end at the
+    same column, so the explained positions are the last ``max_r T_r`` columns, shared by
+    every row. A row whose answer is shorter than the longest contributes prompt positions
+    there (real tokens, targets their next tokens), which are dropped from its result.
+
+    Args:
+        lens (IGLens): The lens (its model, layers and units).
+        tokenizer: Decodes the tokens of the results.
+        jobs (sequence of AnswerJob): ``B`` prompts with their answers; all or none with
+            ``foils``; every ``prompt + answer[:-1]`` at least as long as the longest answer.
+        onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
+        onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
+        top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
+        **attribute_kwargs: ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
+
+    Returns:
+        list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids` on
+        that job alone up to float32 rounding.
+
+    Raises:
+        ValueError: a job without answer, a mix of contrastive and plain jobs, a sequence
+            shorter than the longest answer; and as :meth:`~captum_iglens.IGLens.attribute`.
+    """
+    if not jobs or any(not job.answer_ids for job in jobs):
+        raise ValueError("Every job of a batch needs a non-empty answer.")
+    if len({job.foils is None for job in jobs}) > 1:
+        raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
+    rows = [job.rendered.ids + job.answer_ids[:-1] for job in jobs]
+    n_cols = max(len(job.answer_ids) for job in jobs)
+    if min(len(r) for r in rows) < n_cols:
+        raise ValueError("A prompt + answer is shorter than the longest answer of its batch: "
+                         "batch it with answers of similar length.")
+    model = lens.model
+    ids, mask = _left_pad(rows, pad_id(tokenizer), input_device(model))
+    targets, foils = _targets(ids, jobs, n_cols, vocab_size(model) or 1)
+    if foils is not None:
+        attribute_kwargs["contrast"] = foils
+    positions = list(range(ids.shape[1] - n_cols, ids.shape[1]))
+    out = lens.attribute_details(ids, target=targets, positions=positions,
+                                 additional_forward_args=(mask,), top_k=top_k,
+                                 **attribute_kwargs)
+    return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule,
+                        attribute_kwargs) for r, job in enumerate(jobs)]
+
+
+def _row_result(out: Any, row: int, job: AnswerJob, n_cols: int, tokenizer: Any, lens: IGLens,
+                onset_frac: float, onset_rule: str, settings: dict[str, Any]) -> IGLensResult:
+    n_prompt, answer = len(job.rendered.ids), job.answer_ids
+    keep = job.keep if job.keep is not None else list(range(len(answer)))
+    spec = AnswerSpec(
+        prompt=job.prompt, input_ids=job.rendered.ids + answer, prompt_length=n_prompt,
+        token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
+        method=settings.get("method", "prediction_aware"), n_steps=settings.get("n_steps", 50),
+        onset_frac=onset_frac, onset_rule=onset_rule, model_name=display_name(lens.model))
+    columns = [n_cols - len(answer) + t for t in keep]
+    return result_from_output(out, row, columns, spec, tokenizer)

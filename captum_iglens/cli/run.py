@@ -1,0 +1,148 @@
+"""``iglens run``: IG-Lens over a dataset, batched, resumable, one JSON line per record.
+
+Examples::
+
+    iglens run --input data.jsonl --output results.jsonl
+    iglens run --input prompts.txt --output results.jsonl --batch-size 16
+    iglens run --text-file essay.txt --output essay.jsonl --stride 4
+    accelerate launch --num_processes 2 -m captum_iglens run --input data.jsonl --output r.jsonl
+    torchrun --nproc_per_node 2 -m captum_iglens run --input data.jsonl --output r.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from captum_iglens.cli import _options as opts
+from captum_iglens.cli._common import UsageError, load
+
+__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+
+HELP = "explain every record of a .jsonl or text file into a results .jsonl (resumable)"
+DESCRIPTION = (
+    "IG-Lens over a dataset: one result line per input record, in the schema of "
+    "`iglens --json` plus the record's id. Prompt records are batched (left-padded generation "
+    "and attribution); text records are explained at every position (document mode). "
+    "Re-running the same command skips the ids already in the output. Under `accelerate "
+    "launch` or `torchrun`, the records are sharded across processes and merged in input order."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``iglens run``.
+
+    Args:
+        parser (ArgumentParser): The command's parser.
+    """
+    parser.add_argument("--input", default=None, metavar="PATH",
+                        help="records: a .jsonl file (id, prompt or text; optional answer, "
+                        "target, contrast, positions) or a text file, one prompt per line")
+    parser.add_argument("--text-file", default=None, metavar="PATH",
+                        help="document mode: explain every next-token prediction of this "
+                        "text file (one record, its id the file name)")
+    parser.add_argument("--output", required=True, metavar="PATH",
+                        help="results, one JSON object per line (.jsonl); resumed if it exists")
+    parser.add_argument("--batch-size", type=opts.at_least(1, "--batch-size"), default=8,
+                        help="prompts per batch (default: 8)")
+    parser.add_argument("--stride", type=opts.at_least(1, "--stride"), default=1,
+                        help="document mode: explain every n-th position (default: 1, all)")
+    parser.add_argument("--chunk", type=opts.at_least(1, "--chunk"), default=None,
+                        help="document mode: positions per forward pass (default: 128)")
+    parser.add_argument("--device", default=None,
+                        help="run on this device, e.g. cuda or cuda:1 (default: the model's; "
+                        "under accelerate/torchrun, each process's own)")
+    parser.add_argument("--device-map", default=None, metavar="MAP",
+                        help="load a model folder with this accelerate device map, e.g. auto "
+                        "(one large model across the GPUs of one process)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    opts.add_model_options(parser)
+    opts.add_layer_options(parser)
+    opts.add_estimator_options(parser)
+    opts.add_result_options(parser)
+    opts.add_generation_options(parser)
+    opts.add_check(parser, _check_files)
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    sources = [s for s in (args.input, args.text_file) if s]
+    if len(sources) != 1:
+        raise UsageError("give --input or --text-file (one of them)")
+    if not Path(sources[0]).is_file():
+        raise UsageError(f"{sources[0]!r} is not a file")
+    out = Path(args.output)
+    if out.is_dir() or not out.parent.is_dir():
+        raise UsageError(f"--output {args.output!r}: give a file in an existing folder")
+    if out.resolve() == Path(sources[0]).resolve():
+        raise UsageError("--output is the input file: give another path")
+
+
+def _records(args: argparse.Namespace) -> list[Any]:
+    from captum_iglens.records import Record, read_records
+
+    if args.text_file:
+        try:
+            text = Path(args.text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"cannot read --text-file {args.text_file!r}: {err}") from err
+        return [Record(0, Path(args.text_file).name, text=text,
+                       error=None if text.strip() else "the text file is empty")]
+    try:
+        records = read_records(args.input)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise UsageError(f"--input {args.input!r}: {err}") from err
+    if args.contrast is not None:
+        for record in records:
+            record.contrast = record.contrast if record.contrast is not None else args.contrast
+    return records
+
+
+def _place(model: Any, args: argparse.Namespace, procs: Any) -> Any:
+    """Move the model to ``--device``, or to this process's device in a launched run."""
+    if args.device_map:
+        return model
+    if args.device:
+        return model.to(args.device)
+    if procs.world_size > 1 and procs.device.type != "cpu":
+        return model.to(procs.device)
+    return model
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every record not yet in ``--output``; rank 0 prints the summary line.
+
+    Args:
+        args (Namespace): Arguments parsed and checked by the router.
+
+    Returns:
+        0, or 1 when some records ended as error records.
+
+    Raises:
+        UsageError: unreadable input, duplicate ids, layers beyond the model's blocks.
+        Exception: loading errors (exit status 1).
+    """
+    from captum_iglens import IGLens, resolve_decoder_blocks
+    from captum_iglens._distributed import processes
+    from captum_iglens.run import RunSettings, run_records
+
+    records = _records(args)
+    procs = processes()
+    model, tokenizer = load(args.model, device_map=args.device_map)
+    model = _place(model, args, procs)
+    layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    lens = IGLens(model, layers=layers, units=args.units)
+    settings = RunSettings(
+        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),
+        onset_frac=args.onset_frac, onset_rule=args.onset_rule, top_k=args.top_k,
+        stride=args.stride, chunk=args.chunk or 128,
+        attribute_kwargs={"method": args.method, "n_steps": args.n_steps,
+                          "baselines": args.baseline,
+                          "internal_batch_size": args.internal_batch_size})
+    report = run_records(model, tokenizer, records, args.output, settings, lens,
+                         progress=not args.no_progress, procs=procs)
+    if procs.is_main:
+        print(report.format(), file=sys.stderr)
+    return 1 if report.n_errors else 0

@@ -1,0 +1,167 @@
+"""Input records of a dataset run: one prompt (or one document) each, read from a file.
+
+A ``.jsonl`` file holds one JSON object per line::
+
+    {"id": "q1", "prompt": "What is the capital of Vietnam?"}
+    {"id": "q2", "prompt": "The capital of France is", "answer": " Paris"}
+    {"id": "q3", "prompt": "2 + 2 =", "target": [604], "contrast": " 5"}
+    {"id": "d1", "text": "A whole paragraph, every next-token prediction explained."}
+
+- ``id`` (str or int; default: the line number, from 1) names the record in the output;
+  ids are unique within a file.
+- ``prompt``: answered greedily, then every answer token is explained; or ``text``: a
+  document whose next-token predictions are explained (teacher forcing). One of the two.
+- ``answer`` (str) or ``target`` (str or token ids): teacher-force this answer instead of
+  generating one.
+- ``contrast`` (str or token ids): the foil of a contrastive explanation, one token for every
+  answer token or one per answer token.
+- ``positions`` (list of int): prompt records: which answer tokens to report (indices into
+  the answer, negative from its end); text records: which positions' predictions to explain.
+- Any other keys are carried to the output under ``"meta"``.
+
+Any other file is read as plain text, one prompt per line (blank lines skipped), ids the
+line numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+__all__ = ["FIELDS", "Record", "read_records"]
+
+#: The keys a JSON record may have; others are carried under ``"meta"``.
+FIELDS = ("id", "prompt", "text", "answer", "target", "contrast", "positions")
+
+RecordId = Union[str, int]
+
+
+@dataclass
+class Record:
+    """One input record.
+
+    Attributes:
+        index (int): Its place in the input, from 0; the output is sorted by it.
+        id (str or int): Its id (unique in the input).
+        prompt (str, optional): A prompt to answer (or to teacher-force ``answer``/``target``).
+        text (str, optional): A document to explain at every position (or ``positions``).
+        answer (str, optional): Teacher-forced answer text.
+        target (optional): Teacher-forced answer as text or token ids.
+        contrast (optional): Foil text or token ids.
+        positions (list[int], optional): Answer tokens (prompt records) or positions (text).
+        meta (dict): The record's other keys.
+        error (str, optional): Why the record cannot be run (it becomes an error record).
+    """
+
+    index: int
+    id: RecordId
+    prompt: Optional[str] = None
+    text: Optional[str] = None
+    answer: Optional[str] = None
+    target: Any = None
+    contrast: Any = None
+    positions: Optional[list[int]] = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+
+    @property
+    def is_document(self) -> bool:
+        """A text record (document mode), not a prompt record."""
+        return self.text is not None
+
+
+def _is_int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool)
+                                           for v in value)
+
+
+def _problem(data: dict[str, Any]) -> Optional[str]:
+    """What is wrong with a JSON record, or None."""
+    has_prompt, has_text = data.get("prompt") is not None, data.get("text") is not None
+    if has_prompt == has_text:
+        return "a record needs exactly one of \"prompt\" and \"text\""
+    body = data.get("prompt") if has_prompt else data.get("text")
+    if not isinstance(body, str) or not body.strip():
+        return f"the {'prompt' if has_prompt else 'text'} is empty: give some text"
+    if data.get("answer") is not None and data.get("target") is not None:
+        return "give \"answer\" or \"target\", not both"
+    if data.get("answer") is not None and not isinstance(data["answer"], str):
+        return "\"answer\" must be text"
+    for key in ("target", "contrast"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, str) or _is_int_list(value)
+                                      or (isinstance(value, int) and not isinstance(value, bool))):
+            return f"\"{key}\" must be text or token ids (an int or a list of ints)"
+    if has_text and (data.get("answer") is not None or data.get("target") is not None):
+        return "a text record explains its own next tokens: drop \"answer\"/\"target\""
+    positions = data.get("positions")
+    if positions is not None and (not _is_int_list(positions) or not positions):
+        return "\"positions\" must be a non-empty list of ints"
+    return None
+
+
+def _record(index: int, number: int, line: str) -> Record:
+    """Record ``index`` from line ``number`` (its default id)."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as err:
+        return Record(index, number, error=f"line {number} is not JSON: {err}")
+    if not isinstance(data, dict):
+        return Record(index, number, error=f"line {number} is not a JSON object")
+    rid = data.get("id", number)
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        return Record(index, number, error=f"line {number}: \"id\" must be a string or an int")
+    meta = {k: v for k, v in data.items() if k not in FIELDS}
+    problem = _problem(data)
+    if problem:
+        return Record(index, rid, prompt=data.get("prompt"), meta=meta, error=problem)
+    return Record(index, rid, prompt=data.get("prompt"), text=data.get("text"),
+                  answer=data.get("answer"), target=data.get("target"),
+                  contrast=data.get("contrast"), positions=data.get("positions"), meta=meta)
+
+
+def read_records(path: Union[str, Path]) -> list[Record]:
+    """Read the records of a ``.jsonl`` file, or the prompts of a text file (one per line).
+
+    Blank lines are skipped (they do not count as records, but line numbers do).
+    A line that is not a valid record becomes a record with ``error`` set: the run reports
+    it as an error record and goes on.
+
+    Args:
+        path (str or Path): The input file (UTF-8).
+
+    Returns:
+        list[Record]: In file order; ``index`` counts the records from 0.
+
+    Raises:
+        OSError, UnicodeDecodeError: the file cannot be read.
+        ValueError: the file holds no record, or two records share an id (resuming a run
+            needs unique ids).
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records: list[Record] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            record = _record(len(records), number, line)
+        else:
+            record = Record(len(records), number, prompt=line.strip())
+        records.append(record)
+    if not records:
+        raise ValueError(f"{str(path)!r} holds no record: one JSON object or prompt per line.")
+    _check_unique(records, path)
+    return records
+
+
+def _check_unique(records: list[Record], path: Path) -> None:
+    seen: dict[RecordId, int] = {}
+    for record in records:
+        if record.id in seen:
+            raise ValueError(f"{str(path)!r}: records {seen[record.id] + 1} and "
+                             f"{record.index + 1} share the id {record.id!r}; ids must be "
+                             "unique (a resumed run skips the ids already done).")
+        seen[record.id] = record.index

@@ -1,0 +1,143 @@
+"""The output of a dataset run: a JSON-lines file that is appended to, resumed and merged.
+
+Each result is one line, written whole, flushed and synced before the next record starts,
+so a run killed at any moment loses at most the records in flight. A last line without its
+newline, or that is not JSON, is a torn write: it is cut off when the run resumes and is
+never read as data. Several processes each append to their own part file next to the output
+(``OUTPUT.part-<rank>``); :meth:`ResultsFile.finalize` merges the output and every part into
+the output, one line per record id, in input order, and removes the parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+__all__ = ["ResultsFile", "read_lines"]
+
+
+def _good_prefix(data: bytes) -> tuple[list[bytes], int]:
+    """The complete JSON lines of ``data`` and the byte length they span."""
+    lines, end = [], 0
+    for raw in data.splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            json.loads(raw)
+        except ValueError:
+            break
+        lines.append(raw)
+        end += len(raw)
+    return lines, end
+
+
+def read_lines(path: Union[str, Path]) -> tuple[list[dict[str, Any]], int]:
+    """The complete records of a results file and the number of torn bytes at its end.
+
+    Blank lines are skipped; reading stops at the first torn line (no newline, or not JSON).
+
+    Returns:
+        (records, torn): the parsed lines, and how many bytes follow the last good line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return [], 0
+    data = path.read_bytes()
+    lines, end = _good_prefix(data)
+    records = [json.loads(raw) for raw in lines if raw.strip()]
+    return records, len(data) - end
+
+
+class ResultsFile:
+    """Append-only results of one process of a run, and the merge of all of them.
+
+    Args:
+        path (str or Path): The output file (``.jsonl``).
+        rank (int, optional): This process's rank. Default: 0.
+        world_size (int, optional): Number of processes. With more than one, each appends
+            to ``OUTPUT.part-<rank>``. Default: 1.
+    """
+
+    def __init__(self, path: Union[str, Path], rank: int = 0, world_size: int = 1) -> None:
+        """See the class docstring."""
+        self.path = Path(path)
+        self.own = (self.path if world_size == 1
+                    else self.path.with_name(f"{self.path.name}.part-{rank}"))
+        self._handle: Optional[Any] = None
+
+    def parts(self) -> list[Path]:
+        """The part files next to the output, from this or an earlier run."""
+        return sorted(self.path.parent.glob(f"{self.path.name}.part-*"))
+
+    def done_ids(self) -> set[Any]:
+        """Ids with a complete line in the output or any part file (errors included)."""
+        done = set()
+        for file in [self.path, *self.parts()]:
+            done.update(line.get("id") for line in read_lines(file)[0])
+        return done
+
+    def open(self) -> None:
+        """Open this process's file for appending, cutting off a torn last line first.
+
+        Warns:
+            UserWarning: when a torn line is cut off (its record will be run again).
+        """
+        records, torn = read_lines(self.own)
+        if torn:
+            warnings.warn(f"{self.own}: cut off a torn last line ({torn} bytes) from an "
+                          "interrupted run; its record runs again.", stacklevel=2)
+            with open(self.own, "r+b") as handle:
+                handle.truncate(self.own.stat().st_size - torn)
+        self._handle = open(self.own, "a", encoding="utf-8")
+
+    def append(self, line: dict[str, Any]) -> None:
+        """Write one result as one line, then flush and sync it to disk."""
+        if self._handle is None:
+            self.open()
+        self._handle.write(json.dumps(line) + "\n")  # type: ignore[union-attr]
+        self._handle.flush()  # type: ignore[union-attr]
+        os.fsync(self._handle.fileno())  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Close this process's file."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def _all_lines(self) -> Iterator[tuple[Any, str]]:
+        for file in [self.path, *self.parts()]:
+            for line in read_lines(file)[0]:
+                yield line.get("id"), json.dumps(line)
+
+    def finalize(self, order: dict[Any, int]) -> int:
+        """Merge the output and the part files: one line per id, in input order.
+
+        Lines whose id is not in ``order`` (records no longer in the input) are kept after
+        the others. The merged file replaces the output atomically, then the parts are
+        removed.
+
+        Args:
+            order (dict): Record id -> its index in the input.
+
+        Returns:
+            int: The number of lines written.
+        """
+        self.close()
+        first: dict[Any, str] = {}
+        for rid, text in self._all_lines():
+            first.setdefault(rid, text)
+        known = sorted((order[rid], text) for rid, text in first.items() if rid in order)
+        rest = [text for rid, text in first.items() if rid not in order]
+        tmp = self.path.with_name(f"{self.path.name}.merging")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for text in [t for _, t in known] + rest:
+                handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+        for part in self.parts():
+            part.unlink()
+        return len(known) + len(rest)

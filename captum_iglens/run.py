@@ -1,0 +1,368 @@
+"""Dataset runs: IG-Lens over every record of a file, batched, resumable and sharded.
+
+:func:`run_records` reads what the output already holds and runs only the other records:
+prompt records are sorted by length and cut into batches (left-padded generation, then one
+teacher-forced IG-Lens forward per batch, :mod:`captum_iglens.batched`); text records run
+alone in document mode (:mod:`captum_iglens.document`). Every result is appended to the
+output as soon as its batch is done (:class:`~captum_iglens.results_file.ResultsFile`). A
+record that cannot run becomes an error record and the run goes on. Launched with several
+processes (``accelerate launch`` / ``torchrun``), process ``r`` runs batches ``r, r + w,
+...`` into its own part file and rank 0 merges them: every record once, in input order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from captum_iglens._distributed import Processes, processes
+from captum_iglens.architectures import max_sequence_length
+from captum_iglens.batched import AnswerJob, explain_batch, generate_batch
+from captum_iglens.document import DEFAULT_CHUNK, explain_document
+from captum_iglens.ig_lens import IGLens
+from captum_iglens.prompts import render_prompt
+from captum_iglens.records import Record
+from captum_iglens.results import IGLensResult
+from captum_iglens.results_file import ResultsFile, read_lines
+from captum_iglens.text import (
+    DEFAULT_MAX_NEW_TOKENS,
+    annotate_answer,
+    contrast_per_token,
+    foil_ids,
+    target_ids,
+    target_token_ids,
+)
+
+__all__ = ["RunReport", "RunSettings", "run_records"]
+
+
+@dataclass
+class RunSettings:
+    """How every record of a run is explained.
+
+    Attributes:
+        batch_size (int): Prompts per batch (generation and attribution). Default: 8.
+        max_new_tokens (int): Longest generated answer. Default: 64.
+        chat_template (bool): Wrap prompts in the tokenizer's chat template. Default: True.
+        template_kwargs (dict, optional): Chat-template variables (``date_string``).
+        onset_frac (float): Fraction of the onset rule. Default: 0.5.
+        onset_rule (str): ``"sustained"`` (default) or ``"mass"``.
+        top_k (int): Logit-lens top tokens recorded per layer. Default: 0.
+        stride (int): Document mode: step between explained positions. Default: 1.
+        chunk (int): Document mode: positions per forward. Default: 128.
+        attribute_kwargs (dict): ``baselines``, ``method``, ``n_steps``,
+            ``internal_batch_size`` for :meth:`~captum_iglens.IGLens.attribute`.
+    """
+
+    batch_size: int = 8
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    chat_template: bool = True
+    template_kwargs: Optional[dict[str, Any]] = None
+    onset_frac: float = 0.5
+    onset_rule: str = "sustained"
+    top_k: int = 0
+    stride: int = 1
+    chunk: int = DEFAULT_CHUNK
+    attribute_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunReport:
+    """What a run did (counts over the whole output on rank 0, this process's elsewhere).
+
+    Attributes:
+        output (Path): The output file.
+        n_records (int): Records in the input.
+        n_skipped (int): Already in the output when the run started.
+        n_ok (int): Results in the output.
+        n_errors (int): Error records in the output.
+        n_tokens (int): Explained tokens run by this process now.
+        seconds (float): Wall time of this process.
+    """
+
+    output: Path
+    n_records: int
+    n_skipped: int
+    n_ok: int
+    n_errors: int
+    n_tokens: int
+    seconds: float
+
+    def format(self) -> str:
+        """One line: records done, errors, tokens per second."""
+        rate = self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+        return (f"{self.output}: {self.n_ok} results, {self.n_errors} errors of "
+                f"{self.n_records} records ({self.n_skipped} were already done); "
+                f"{self.n_tokens} tokens explained now in {self.seconds:.1f} s "
+                f"({rate:.1f} tokens/s)")
+
+
+@dataclass
+class _Unit:
+    """Records run together: a batch of prompts, one document, or unreadable records."""
+
+    kind: str
+    records: list[Record]
+    jobs: list[Optional[AnswerJob]] = field(default_factory=list)
+    errors: list[Optional[str]] = field(default_factory=list)
+
+
+def _error_line(record: Record, error: BaseException | str) -> dict[str, Any]:
+    message = error if isinstance(error, str) else str(error).strip() or type(error).__name__
+    kind = "ValueError" if isinstance(error, str) else type(error).__name__
+    line = {"id": record.id, "index": record.index, "status": "error", "error": message,
+            "error_type": kind, "prompt": record.prompt if record.text is None else record.text}
+    return line | ({"meta": record.meta} if record.meta else {})
+
+
+def _ok_line(record: Record, result: IGLensResult, seconds: float) -> dict[str, Any]:
+    line = {"id": record.id, "index": record.index, "status": "ok", "seconds": seconds,
+            **result.to_dict()}
+    return line | ({"meta": record.meta} if record.meta else {})
+
+
+def _prepare(record: Record, tokenizer: Any, settings: RunSettings) -> AnswerJob:
+    """Render a prompt record and read its given answer (checks that need no model)."""
+    rendered = render_prompt(tokenizer, record.prompt or "", settings.chat_template,
+                             settings.template_kwargs)
+    job = AnswerJob(record.prompt or "", rendered)
+    if record.answer is not None:
+        job.answer_ids = target_token_ids(tokenizer, record.answer)
+    elif isinstance(record.target, str):
+        job.answer_ids = target_token_ids(tokenizer, record.target)
+    elif record.target is not None:
+        job.answer_ids = target_ids(record.target)
+    job.foils = foil_ids(tokenizer, record.contrast)
+    job.generated = not job.answer_ids
+    return job
+
+
+def _plan(records: Sequence[Record], tokenizer: Any, settings: RunSettings) -> list[_Unit]:
+    """Units in a deterministic order, the same in every process.
+
+    Unreadable records first, then documents, then prompt batches sorted by prompt length.
+    """
+    units = [_Unit("error", [r], errors=[r.error]) for r in records if r.error]
+    units += [_Unit("document", [r]) for r in records if not r.error and r.is_document]
+    prepared: list[tuple[int, Record, Optional[AnswerJob], Optional[str]]] = []
+    for record in records:
+        if record.error or record.is_document:
+            continue
+        try:
+            job = _prepare(record, tokenizer, settings)
+            prepared.append((len(job.rendered.ids), record, job, None))
+        except (ValueError, TypeError) as err:
+            prepared.append((0, record, None, str(err)))
+    prepared.sort(key=lambda item: (item[0], item[1].index))
+    for begin in range(0, len(prepared), settings.batch_size):
+        part = prepared[begin:begin + settings.batch_size]
+        units.append(_Unit("batch", [p[1] for p in part], [p[2] for p in part],
+                           [p[3] for p in part]))
+    return units
+
+
+def _check_length(job: AnswerJob, limit: Optional[int], max_new_tokens: int) -> None:
+    needed = len(job.rendered.ids) + (max_new_tokens if job.generated else len(job.answer_ids))
+    if limit is not None and needed > limit:
+        what = f"max_new_tokens={max_new_tokens}" if job.generated else "the answer"
+        raise ValueError(f"The prompt is {len(job.rendered.ids)} tokens; with {what} that is "
+                         f"{needed} tokens, but this model positions at most {limit}.")
+
+
+def _finish_job(job: AnswerJob, record: Record) -> None:
+    """Per-record checks once the answer is known: foils and reported positions."""
+    if not job.answer_ids:
+        raise ValueError("The model generated no token: nothing to explain.")
+    n = len(job.answer_ids)
+    if job.foils is not None:
+        job.foils = contrast_per_token(job.foils, n)
+        same = [t for t in range(n) if job.foils[t] == job.answer_ids[t]]
+        if same:
+            raise ValueError(f"The contrast equals the answer token at answer positions {same}: "
+                             "p(y) - p(foil) is 0 there; choose another foil.")
+    if record.positions is not None:
+        keep = sorted({t + n if t < 0 else t for t in record.positions})
+        if keep[0] < 0 or keep[-1] >= n:
+            raise ValueError(f"positions {record.positions} are out of range for an answer of "
+                             f"{n} tokens (0..{n - 1}, or negative from the end).")
+        job.keep = keep
+
+
+class _Runner:
+    """Runs the units of one process and appends their lines."""
+
+    def __init__(self, lens: IGLens, tokenizer: Any, settings: RunSettings,
+                 out: ResultsFile) -> None:
+        self.lens, self.tokenizer, self.settings, self.out = lens, tokenizer, settings, out
+        self.limit = max_sequence_length(lens.model)
+        self.tokens = 0
+
+    def run(self, unit: _Unit) -> None:
+        start = time.perf_counter()
+        if unit.kind == "error":
+            self.out.append(_error_line(unit.records[0], unit.errors[0] or "unreadable"))
+        elif unit.kind == "document":
+            self._document(unit.records[0], start)
+        else:
+            self._batch(unit, start)
+
+    def _document(self, record: Record, start: float) -> None:
+        s = self.settings
+        try:
+            result = explain_document(self.lens, self.tokenizer, record.text or "",
+                                      record.positions, s.stride, s.chunk, record.contrast,
+                                      s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
+        except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
+            self.out.append(_error_line(record, err))
+            return
+        self.tokens += len(result.tokens)
+        self.out.append(_ok_line(record, result, time.perf_counter() - start))
+
+    def _usable(self, unit: _Unit) -> list[tuple[Record, AnswerJob]]:
+        """Checks before generation; failures are written as error records."""
+        usable = []
+        for record, job, error in zip(unit.records, unit.jobs, unit.errors, strict=True):
+            try:
+                if error is not None or job is None:
+                    raise ValueError(error or "unreadable record")
+                _check_length(job, self.limit, self.settings.max_new_tokens)
+                usable.append((record, job))
+            except ValueError as err:
+                self.out.append(_error_line(record, err))
+        return usable
+
+    def _generate(self, items: list[tuple[Record, AnswerJob]]) -> None:
+        todo = [job for _, job in items if job.generated]
+        if todo:
+            answers = generate_batch(self.lens.model, self.tokenizer,
+                                     [job.rendered.ids for job in todo],
+                                     self.settings.max_new_tokens)
+            for job, answer in zip(todo, answers, strict=True):
+                job.answer_ids = answer
+
+    def _batch(self, unit: _Unit, start: float) -> None:
+        items = self._usable(unit)
+        if not items:
+            return
+        try:
+            self._generate(items)
+        except Exception:  # noqa: BLE001 - find the failing record one at a time
+            if len(items) > 1:
+                for item in items:
+                    self._batch(_Unit("batch", [item[0]], [item[1]], [None]), start)
+                return
+            raise
+        ready = []
+        for record, job in items:
+            try:
+                _finish_job(job, record)
+                ready.append((record, job))
+            except ValueError as err:
+                self.out.append(_error_line(record, err))
+        for group in _groups(ready):
+            self._explain(group, start)
+
+    def _explain(self, group: list[tuple[Record, AnswerJob]], start: float) -> None:
+        s = self.settings
+        try:
+            results = explain_batch(self.lens, self.tokenizer, [job for _, job in group],
+                                    s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
+        except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
+            if len(group) > 1:
+                for item in group:
+                    self._explain([item], start)
+                return
+            self.out.append(_error_line(group[0][0], err))
+            return
+        share = (time.perf_counter() - start) / len(group)
+        for (record, job), result in zip(group, results, strict=True):
+            annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
+                            job.generated, s.max_new_tokens)
+            self.tokens += len(result.tokens)
+            self.out.append(_ok_line(record, result, share))
+
+
+def _groups(items: list[tuple[Record, AnswerJob]]) -> list[list[tuple[Record, AnswerJob]]]:
+    """Sub-batches for one teacher-forced forward each.
+
+    Plain and contrastive apart, sorted by answer length, every row at least as long as the
+    longest answer of its sub-batch.
+    """
+    groups: list[list[tuple[Record, AnswerJob]]] = []
+    for contrastive in (False, True):
+        part = sorted((i for i in items if (i[1].foils is not None) == contrastive),
+                      key=lambda i: len(i[1].answer_ids))
+        current: list[tuple[Record, AnswerJob]] = []
+        for item in part:
+            longest = len(item[1].answer_ids)
+            if all(len(j.rendered.ids) + len(j.answer_ids) - 1 >= longest
+                   for _, j in [*current, item]):
+                current.append(item)
+            else:
+                groups += [current] if current else []
+                current = [item]
+        if current:
+            groups.append(current)
+    return groups
+
+
+def _count(path: Path) -> tuple[int, int]:
+    lines = read_lines(path)[0]
+    errors = sum(1 for line in lines if line.get("status") == "error")
+    return len(lines) - errors, errors
+
+
+def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
+                output: Union[str, Path], settings: Optional[RunSettings] = None,
+                lens: Optional[IGLens] = None, progress: bool = True,
+                procs: Optional[Processes] = None) -> RunReport:
+    """Explain every record not yet in ``output``, appending one line per record.
+
+    Args:
+        model (nn.Module): A Hugging Face causal LM.
+        tokenizer: Its tokenizer.
+        records (sequence of Record): From :func:`~captum_iglens.records.read_records`.
+        output (str or Path): The results file (``.jsonl``); created, or resumed.
+        settings (RunSettings, optional): Batch size, generation and attribution settings.
+        lens (IGLens, optional): The lens (layers, units). Default: all blocks, probability.
+        progress (bool, optional): A progress bar (records, tokens/s, ETA). Default: True.
+        procs (Processes, optional): This process's rank and the barrier. Default: from the
+            environment (``accelerate launch`` / ``torchrun``), else a single process.
+
+    Returns:
+        RunReport: Counts over the merged output (rank 0) and this process's throughput.
+
+    Raises:
+        OSError: the output cannot be written.
+    """
+    settings = settings or RunSettings()
+    procs = procs or processes()
+    lens = lens or IGLens(model)
+    start = time.perf_counter()
+    out = ResultsFile(output, procs.rank, procs.world_size)
+    done = out.done_ids()
+    procs.barrier()  # every process has read what was done before any writes
+    pending = [r for r in records if r.id not in done]
+    units = _plan(pending, tokenizer, settings)[procs.rank::procs.world_size]
+    runner = _Runner(lens, tokenizer, settings, out)
+    out.open()
+    total = sum(len(u.records) for u in units)
+    with tqdm(total=total, unit="record", disable=not progress,
+              desc=f"iglens run [{procs.rank}]" if procs.world_size > 1 else "iglens run") as bar:
+        for unit in units:
+            runner.run(unit)
+            elapsed = time.perf_counter() - start
+            bar.update(len(unit.records))
+            bar.set_postfix_str(f"{runner.tokens / max(elapsed, 1e-9):.1f} tokens/s")
+    out.close()
+    procs.barrier()
+    if procs.is_main:
+        out.finalize({r.id: r.index for r in records})
+    n_ok, n_errors = _count(out.path if procs.is_main else out.own)
+    return RunReport(Path(output), len(records), len(records) - len(pending), n_ok, n_errors,
+                     runner.tokens, time.perf_counter() - start)
