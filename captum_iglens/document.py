@@ -25,7 +25,7 @@ from captum_iglens.text import contrast_per_token
 __all__ = ["DEFAULT_CHUNK", "document_positions", "explain_document"]
 
 #: Positions explained per forward pass in document mode.
-DEFAULT_CHUNK = 128
+DEFAULT_CHUNK = 512
 
 
 def document_positions(n_tokens: int, positions: Optional[Sequence[int]] = None,

@@ -54,7 +54,7 @@ class RunSettings:
         onset_rule (str): ``"sustained"`` (default) or ``"mass"``.
         top_k (int): Logit-lens top tokens recorded per layer. Default: 0.
         stride (int): Document mode: step between explained positions. Default: 1.
-        chunk (int): Document mode: positions per forward. Default: 128.
+        chunk (int): Document mode: positions per forward. Default: 512.
         attribute_kwargs (dict): ``baselines``, ``method``, ``n_steps``,
             ``internal_batch_size`` for :meth:`~captum_iglens.IGLens.attribute`.
     """

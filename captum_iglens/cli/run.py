@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stride", type=opts.at_least(1, "--stride"), default=1,
                         help="document mode: explain every n-th position (default: 1, all)")
     parser.add_argument("--chunk", type=opts.at_least(1, "--chunk"), default=None,
-                        help="document mode: positions per forward pass (default: 128)")
+                        help="document mode: positions per forward pass (default: 512)")
     parser.add_argument("--device", default=None,
                         help="run on this device, e.g. cuda or cuda:1 (default: the model's; "
                         "under accelerate/torchrun, each process's own)")
@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from captum_iglens import IGLens, resolve_decoder_blocks
     from captum_iglens._distributed import processes
+    from captum_iglens.document import DEFAULT_CHUNK
     from captum_iglens.run import RunSettings, run_records
 
     records = _records(args)
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),
         onset_frac=args.onset_frac, onset_rule=args.onset_rule, top_k=args.top_k,
-        stride=args.stride, chunk=args.chunk or 128,
+        stride=args.stride, chunk=args.chunk or DEFAULT_CHUNK,
         attribute_kwargs={"method": args.method, "n_steps": args.n_steps,
                           "baselines": args.baseline,
                           "internal_batch_size": args.internal_batch_size})
