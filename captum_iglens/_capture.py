@@ -117,6 +117,8 @@ def capture_path(
     check_sequence_length(max_sequence_length(model), inputs, kwargs)
     check_not_padding(mask, pos_list)
     needed = set(layer_indices)
+    # Only the explained positions are kept, except where a baseline reads every position.
+    whole = {MEAN_BASELINE_LAYER} if isinstance(baselines, str) and baselines == "mean" else set()
     if isinstance(baselines, str) and baselines in ("embedding", "mean"):
         needed.add(0 if baselines == "embedding" else MEAN_BASELINE_LAYER)
     # Only the explained positions need the model's own logits: skip the unembedding
@@ -124,20 +126,22 @@ def capture_path(
     if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
         kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
     device = _readout_device(readout)
-    states, logits = forward_with_capture(model, blocks, inputs, kwargs, needed, device, mask)
+    states, logits = forward_with_capture(model, blocks, inputs, kwargs, needed, device, mask,
+                                          pos_list, whole)
     dist = _model_distribution(logits, pos_list, inputs.shape[1], device)
     log_probs = dist.log_probs
     tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
                            log_probs.shape[-1])
     foil = normalise_contrast(contrast, tgt, pos_list, log_probs.shape[-1])
-    hidden = torch.stack([states[i][:, pos_list] for i in layer_indices], dim=2)
+    hidden = torch.stack([states[i][:, pos_list] if i in whole else states[i]
+                          for i in layer_indices], dim=2)
     if reference is not None:
         last = len(blocks)
         ref_states, _ = forward_with_capture(model, blocks, reference, kwargs, {last}, device,
-                                             mask)
-        base, name = ref_states[last][:, pos_list], "reference ids"
+                                             mask, pos_list)
+        base, name = ref_states[last], "reference ids"
     else:
-        base = residual_baseline(baselines, states, pos_list, mask, hidden)
+        base = residual_baseline(baselines, states, pos_list, mask, hidden, inputs.shape[1])
         name = baselines if isinstance(baselines, str) else "tensor"
     path = PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt, contrast=foil)
     return PathCapture(

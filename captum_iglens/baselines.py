@@ -71,7 +71,7 @@ def _named_baseline(
     if name == "zero":
         return torch.zeros_like(hidden[:, :, 0])
     if name == "embedding":
-        return states[0][:, positions]
+        return states[0]
     if name == "mean":
         mean = _mean_baseline(states[MEAN_BASELINE_LAYER], mask)
         return mean[:, None, :].expand(batch, n_pos, d)
@@ -87,6 +87,7 @@ def residual_baseline(
     positions: list[int],
     mask: Optional[Tensor],
     hidden: Tensor,
+    seq_len: int,
 ) -> Tensor:
     """The path start ``b`` at every explained position: ``[B, P, d]``.
 
@@ -95,11 +96,12 @@ def residual_baseline(
             the first block's output, whichever layers are chosen), ``"zero"``,
             ``"embedding"`` (``h_0`` at the same position), or a floating tensor of shape
             ``[d]``, ``[B, d]``, ``[B, P, d]`` or ``[B, S, d]``.
-        states (dict): Captured residuals ``{l: [B, S, d]}`` (``h_1`` included for
-            ``"mean"``, ``h_0`` for ``"embedding"``).
+        states (dict): Captured residuals: ``h_1`` ``[B, S, d]`` at every position for
+            ``"mean"``, ``h_0`` ``[B, P, d]`` at the explained positions for ``"embedding"``.
         positions (list of int): The ``P`` explained positions.
         mask (Tensor, optional): ``[B, S]`` attention mask.
         hidden (Tensor): ``[B, P, k, d]`` residuals at the chosen layers (shape and dtype).
+        seq_len (int): The input's length ``S`` (for ``[B, S, d]`` baseline tensors).
 
     Raises:
         ValueError: an unknown name, a non-finite tensor or a wrong shape.
@@ -110,7 +112,6 @@ def residual_baseline(
     if not isinstance(baselines, Tensor):
         raise TypeError(f"baselines must be a string or a tensor, got {type(baselines)}")
     batch, n_pos, _, d = hidden.shape
-    seq_len = next(iter(states.values())).shape[1]
     if not bool(torch.isfinite(baselines).all()):
         raise ValueError("The baseline tensor contains NaN or inf: give finite values.")
     base = baselines.to(device=hidden.device, dtype=hidden.dtype)

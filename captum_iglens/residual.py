@@ -10,7 +10,7 @@ to it again normalises twice.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -110,6 +110,8 @@ def capture_residual_stream(
     finite: Optional[dict[int, Tensor]] = None,
     mask: Optional[Tensor] = None,
     shape: Optional[tuple[int, int]] = None,
+    positions: Optional[Sequence[int]] = None,
+    whole: Iterable[int] = (),
 ) -> Iterator[dict[int, Tensor]]:
     """Record the residual stream ``h_l`` for the requested hidden-state indices.
 
@@ -126,6 +128,11 @@ def capture_residual_stream(
         mask (Tensor, optional): ``[B, S]`` attention mask for the ``finite`` check.
         shape (tuple of int, optional): The input's ``(B, S)``: every recorded tensor must be
             ``[B, S, d]``.
+        positions (sequence of int, optional): Keep only these ``P`` positions (``[B, P, d]``)
+            of every recorded index not in ``whole``, so that memory does not grow with the
+            sequence times the layers. Default: all positions.
+        whole (iterable of int, optional): Indices kept at every position (e.g. the layer
+            a mean baseline averages). Default: none.
 
     Raises:
         ResidualShapeError: (during the forward pass, with ``shape``) a block's input or
@@ -133,10 +140,10 @@ def capture_residual_stream(
 
     Yields:
         dict[int, Tensor]: filled during the forward pass with ``h_l`` of shape
-        ``[B, S, d]`` (detached, the model's dtype). Hooks are removed on exit, also when an
-        error is raised.
+        ``[B, S, d]`` (``[B, P, d]`` with ``positions``; detached, the model's dtype). Hooks
+        are removed on exit, also when an error is raised.
     """
-    wanted = set(layer_indices)
+    wanted, full = set(layer_indices), set(whole)
     store: dict[int, Tensor] = {}
     masks: dict[torch.device, Tensor] = {}
 
@@ -152,6 +159,8 @@ def capture_residual_stream(
                 valid = hidden[masks[hidden.device]]
             finite[index] = torch.isfinite(valid).all()
         if index in wanted:
+            if positions is not None and index not in full:
+                hidden = hidden[:, list(positions)]
             store[index] = hidden.to(device) if device is not None else hidden
 
     indices = range(len(blocks) + 1) if finite is not None else sorted(wanted)
@@ -211,12 +220,17 @@ def forward_with_capture(
     layer_indices: Iterable[int],
     device: Optional[torch.device],
     mask: Optional[Tensor],
+    positions: Optional[Sequence[int]] = None,
+    whole: Iterable[int] = (),
 ) -> tuple[dict[int, Tensor], Tensor]:
     """One no-grad, eval-mode forward that records ``h_l`` for ``layer_indices``.
 
+    ``positions`` and ``whole`` are as for :func:`capture_residual_stream`.
+
     Returns:
-        (states, logits): ``{l: [B, S, d]}`` on ``device`` and the model's logits (all
-        positions, or those ``forward_kwargs["logits_to_keep"]`` selects).
+        (states, logits): ``{l: [B, S, d]}`` (``[B, P, d]`` at ``positions`` for indices not
+        in ``whole``) on ``device`` and the model's logits (all positions, or those
+        ``forward_kwargs["logits_to_keep"]`` selects).
 
     Raises:
         FloatingPointError: NaN or inf in a residual (the first such index is named).
@@ -225,7 +239,8 @@ def forward_with_capture(
     finite: dict[int, Tensor] = {}
     with model_state_preserved(model), torch.no_grad():
         with capture_residual_stream(blocks, layer_indices, device, finite=finite, mask=mask,
-                                     shape=tuple(input_ids.shape[:2])) as st:
+                                     shape=tuple(input_ids.shape[:2]), positions=positions,
+                                     whole=whole) as st:
             output = model(input_ids, **forward_kwargs)
     _check_finite(model, blocks, finite)
     logits = output.logits if hasattr(output, "logits") else output[0]
