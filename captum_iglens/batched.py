@@ -109,9 +109,10 @@ def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
     Row ``r``'s answer fills its last ``T_r`` columns; earlier columns (prompt tokens of
     that row) get the actual next token, and a foil different from it, and are dropped.
     """
-    width = ids.shape[1]
-    filler = ids[:, width - n_cols + 1:]
-    targets = torch.cat([filler, filler[:, -1:]], dim=1).clone()
+    # Column c's next token is column c + 1's input; the last column has none (every row's
+    # answer covers it). Taken from the whole row, so that n_cols = 1 gives one column too.
+    following = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+    targets = following[:, ids.shape[1] - n_cols:].clone()
     foils = (targets + 1) % vocab if jobs[0].foils is not None else None
     for r, job in enumerate(jobs):
         n = len(job.answer_ids)

@@ -33,6 +33,7 @@ from captum_iglens.text import (
     DEFAULT_MAX_NEW_TOKENS,
     annotate_answer,
     contrast_per_token,
+    end_ids,
     foil_ids,
     target_ids,
     target_token_ids,
@@ -73,7 +74,7 @@ class RunSettings:
 
 @dataclass
 class RunReport:
-    """What a run did (counts over the whole output on rank 0, this process's elsewhere).
+    """What a run did (counts over the whole merged output, in every process).
 
     Attributes:
         output (Path): The output file.
@@ -214,8 +215,10 @@ class _Runner:
     def _document(self, record: Record, start: float) -> None:
         s = self.settings
         try:
+            # a foil given as text is tokenised like a prompt record's
+            foils = foil_ids(self.tokenizer, record.contrast)
             result = explain_document(self.lens, self.tokenizer, record.text or "",
-                                      record.positions, s.stride, s.chunk, record.contrast,
+                                      record.positions, s.stride, s.chunk, foils,
                                       s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             self.out.append(_error_line(record, err))
@@ -251,12 +254,13 @@ class _Runner:
             return
         try:
             self._generate(items)
-        except Exception:  # noqa: BLE001 - find the failing record one at a time
+        except Exception as err:  # noqa: BLE001 - find the failing record one at a time
             if len(items) > 1:
                 for item in items:
                     self._batch(_Unit("batch", [item[0]], [item[1]], [None]), start)
-                return
-            raise
+            else:
+                self.out.append(_error_line(items[0][0], err))
+            return
         ready = []
         for record, job in items:
             try:
@@ -283,6 +287,10 @@ class _Runner:
         for (record, job), result in zip(group, results, strict=True):
             annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
                             job.generated, s.max_new_tokens)
+            if job.generated and job.keep is not None:
+                # annotate_answer reads the reported tokens; "positions" may keep only some
+                result.truncated = (len(job.answer_ids) >= s.max_new_tokens and job.answer_ids[-1]
+                                    not in end_ids(self.lens.model, self.tokenizer))
             self.tokens += len(result.tokens)
             self.out.append(_ok_line(record, result, share))
 
@@ -335,7 +343,7 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
             environment (``accelerate launch`` / ``torchrun``), else a single process.
 
     Returns:
-        RunReport: Counts over the merged output (rank 0) and this process's throughput.
+        RunReport: Counts over the merged output (every process) and this process's throughput.
 
     Raises:
         OSError: the output cannot be written.
@@ -363,6 +371,9 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
     procs.barrier()
     if procs.is_main:
         out.finalize({r.id: r.index for r in records})
-    n_ok, n_errors = _count(out.path if procs.is_main else out.own)
+    # every process counts the merged output (its part file is gone once rank 0 merged it),
+    # so all of them exit with the same status
+    procs.barrier()
+    n_ok, n_errors = _count(out.path)
     return RunReport(Path(output), len(records), len(records) - len(pending), n_ok, n_errors,
                      runner.tokens, time.perf_counter() - start)

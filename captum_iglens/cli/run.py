@@ -87,12 +87,13 @@ def _records(args: argparse.Namespace) -> list[Any]:
             text = Path(args.text_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise UsageError(f"cannot read --text-file {args.text_file!r}: {err}") from err
-        return [Record(0, Path(args.text_file).name, text=text,
-                       error=None if text.strip() else "the text file is empty")]
-    try:
-        records = read_records(args.input)
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise UsageError(f"--input {args.input!r}: {err}") from err
+        records = [Record(0, Path(args.text_file).name, text=text,
+                          error=None if text.strip() else "the text file is empty")]
+    else:
+        try:
+            records = read_records(args.input)
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise UsageError(f"--input {args.input!r}: {err}") from err
     if args.contrast is not None:
         for record in records:
             record.contrast = record.contrast if record.contrast is not None else args.contrast
