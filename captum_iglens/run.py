@@ -295,21 +295,28 @@ class _Runner:
             self.out.append(_ok_line(record, result, share))
 
 
+#: A row joins a sub-batch when its answer is at least this fraction of the sub-batch's
+#: longest: shorter rows would spend most of their readouts on positions that are dropped.
+FILL = 0.75
+
+
 def _groups(items: list[tuple[Record, AnswerJob]]) -> list[list[tuple[Record, AnswerJob]]]:
     """Sub-batches for one teacher-forced forward each.
 
-    Plain and contrastive apart, sorted by answer length, every row at least as long as the
-    longest answer of its sub-batch.
+    Plain and contrastive apart; longest answers first, a row joining while its answer
+    fills at least :data:`FILL` of the sub-batch's longest and its sequence is at least as
+    long (every explained position of every row must be a real token).
     """
     groups: list[list[tuple[Record, AnswerJob]]] = []
     for contrastive in (False, True):
         part = sorted((i for i in items if (i[1].foils is not None) == contrastive),
-                      key=lambda i: len(i[1].answer_ids))
+                      key=lambda i: -len(i[1].answer_ids))
         current: list[tuple[Record, AnswerJob]] = []
         for item in part:
-            longest = len(item[1].answer_ids)
-            if all(len(j.rendered.ids) + len(j.answer_ids) - 1 >= longest
-                   for _, j in [*current, item]):
+            job = item[1]
+            n_cols = len(current[0][1].answer_ids) if current else 0
+            if current and (len(job.answer_ids) >= FILL * n_cols
+                            and len(job.rendered.ids) + len(job.answer_ids) - 1 >= n_cols):
                 current.append(item)
             else:
                 groups += [current] if current else []
