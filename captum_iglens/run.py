@@ -33,7 +33,6 @@ from captum_iglens.text import (
     DEFAULT_MAX_NEW_TOKENS,
     annotate_answer,
     contrast_per_token,
-    end_ids,
     foil_ids,
     target_ids,
     target_token_ids,
@@ -287,10 +286,6 @@ class _Runner:
         for (record, job), result in zip(group, results, strict=True):
             annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
                             job.generated, s.max_new_tokens)
-            if job.generated and job.keep is not None:
-                # annotate_answer reads the reported tokens; "positions" may keep only some
-                result.truncated = (len(job.answer_ids) >= s.max_new_tokens and job.answer_ids[-1]
-                                    not in end_ids(self.lens.model, self.tokenizer))
             self.tokens += len(result.tokens)
             self.out.append(_ok_line(record, result, share))
 

@@ -336,7 +336,7 @@ def annotate_answer(result: IGLensResult, model: nn.Module, tokenizer: Any,
     result.template_uses_clock = rendered.uses_clock
     result.generated = generated
     if generated:
-        answer_ids = result.token_ids
+        answer_ids = result.input_ids[result.prompt_length:]  # all of it, reported or not
         result.max_new_tokens = max_new_tokens
         result.truncated = (len(answer_ids) >= max_new_tokens
                             and answer_ids[-1] not in end_ids(model, tokenizer))
