@@ -365,3 +365,15 @@ def test_compare_layers_default_to_six_evenly_spaced() -> None:
     assert resolve_layers(args, 3, DEFAULT_K) == [0, 1, 2, 3]  # capped at every layer
     assert resolve_layers(parse_args(["compare", "--k", "2", PROMPT]), 30, DEFAULT_K) == [0, 30]
     assert resolve_layers(parse_args([PROMPT]), 30) is None  # explain: every block
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch, capsys) -> None:
+    """`iglens ... | head`: the reader leaving is not an error (it used to exit 1 with a
+    traceback about the flush)."""
+
+    def run(_args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(COMMANDS["explain"], "run", run)
+    assert main(["explain", "hello"]) == 0
+    assert "error" not in capsys.readouterr().err

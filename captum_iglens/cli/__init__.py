@@ -180,11 +180,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except KeyboardInterrupt:
             print("iglens: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except BrokenPipeError:  # `iglens ... | head`: the reader left, which is fine
+            _silence_stdout()
+            return 0
         except Exception as err:
             if os.environ.get("IGLENS_DEBUG"):
                 raise
             print(f"iglens: error: {_one_line(err)}", file=sys.stderr)
             return EXIT_RUNTIME
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's exit flush does not fail on the pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (a test's capture)
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _one_line(err: Exception) -> str:
