@@ -32,6 +32,7 @@ __all__ = [
     "ArchitectureLayout",
     "ModelParts",
     "UnknownArchitectureError",
+    "context_length",
     "display_name",
     "input_embeddings",
     "locate_parts",
@@ -230,6 +231,30 @@ def max_sequence_length(model: nn.Module) -> Optional[int]:
     if isinstance(value, int) and not isinstance(value, bool):
         limits.append(value)
     return min(limits) if limits else None
+
+
+#: Config attributes that name the context length a model was trained for.
+CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+def context_length(model: nn.Module) -> Optional[int]:
+    """The longest sequence the model is meant for, or ``None`` when nothing says.
+
+    Its position table (:func:`max_sequence_length`), else its config's trained context
+    (``max_position_embeddings`` and alike). Rotary models run past their trained context,
+    but their numbers there are extrapolation and their attention memory grows with the
+    square of the length: dataset runs refuse such records instead of spending hours on them.
+    """
+    fixed = max_sequence_length(model)
+    if fixed is not None:
+        return fixed
+    config = getattr(unwrap_model(model), "config", None)
+    config = getattr(config, "text_config", None) or config
+    for name in CONTEXT_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def display_name(model: nn.Module) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens.architectures import display_name
+from captum_iglens.architectures import context_length, display_name
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import render_prompt
 from captum_iglens.residual import input_device
@@ -103,11 +103,16 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
 
     Raises:
         ValueError: an empty text, bad positions or stride, a text longer than the model's
-            positions; and as :meth:`~captum_iglens.IGLens.attribute`.
+            context (:func:`~captum_iglens.architectures.context_length`); and as
+            :meth:`~captum_iglens.IGLens.attribute`.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}.")
     ids = render_prompt(tokenizer, text, chat_template=False).ids
+    limit = context_length(lens.model)
+    if limit is not None and len(ids) > limit:
+        raise ValueError(f"The text is {len(ids)} tokens, but this model's context is {limit} "
+                         "tokens: split it into parts of at most that length.")
     chosen = document_positions(len(ids), positions, stride)
     foils = contrast_per_token(contrast, len(chosen)) if contrast is not None else None
     sequence = torch.tensor([ids], device=input_device(lens.model))

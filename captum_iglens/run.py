@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from captum_iglens._distributed import Processes, processes
-from captum_iglens.architectures import max_sequence_length
+from captum_iglens.architectures import context_length
 from captum_iglens.batched import AnswerJob, explain_batch, generate_batch
 from captum_iglens.document import DEFAULT_CHUNK, explain_document
 from captum_iglens.ig_lens import IGLens
@@ -171,7 +171,8 @@ def _check_length(job: AnswerJob, limit: Optional[int], max_new_tokens: int) -> 
     if limit is not None and needed > limit:
         what = f"max_new_tokens={max_new_tokens}" if job.generated else "the answer"
         raise ValueError(f"The prompt is {len(job.rendered.ids)} tokens; with {what} that is "
-                         f"{needed} tokens, but this model positions at most {limit}.")
+                         f"{needed} tokens, but this model's context is {limit} tokens: "
+                         "shorten the prompt or lower max_new_tokens.")
 
 
 def _finish_job(job: AnswerJob, record: Record) -> None:
@@ -199,7 +200,7 @@ class _Runner:
     def __init__(self, lens: IGLens, tokenizer: Any, settings: RunSettings,
                  out: ResultsFile) -> None:
         self.lens, self.tokenizer, self.settings, self.out = lens, tokenizer, settings, out
-        self.limit = max_sequence_length(lens.model)
+        self.limit = context_length(lens.model)
         self.tokens = 0
 
     def run(self, unit: _Unit) -> None:

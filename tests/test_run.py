@@ -595,3 +595,26 @@ def test_positions_meta_and_contrast_in_a_run(tiny_folder, tmp_path, capsys):
     assert c["contrastive"] and [t["contrast_token"] for t in c["tokens"]] == ["w3", "w3"]
     assert [t["contrast_token"] for t in own["tokens"]] == ["w7", "w6"]
     assert same["status"] == "error" and "contrast equals the answer" in same["error"]
+
+
+def test_records_beyond_a_rotary_models_context_are_error_records(tmp_path):
+    """Rotary models have no position table: their trained context (max_position_embeddings)
+    limits prompt and text records, which used to run (for hours, in quadratic memory)."""
+    model = make_tiny("llama").eval()
+    model.config.max_position_embeddings = 24
+    assert max_sequence_length(model) is None
+    tokenizer = word_tokenizer()
+    rng = random.Random(5)
+    records = read_records(write_jsonl(tmp_path / "in.jsonl", [
+        {"id": "fits", "prompt": words(rng, 24 - MAX_NEW)},
+        {"id": "prompt", "prompt": words(rng, 24 - MAX_NEW + 1)},
+        {"id": "text", "text": words(rng, 25)},
+        {"id": "short text", "text": words(rng, 24)}]))
+    settings = RunSettings(batch_size=4, max_new_tokens=MAX_NEW, chat_template=False)
+    report = run_records(model, tokenizer, records, tmp_path / "out.jsonl", settings,
+                         progress=False)
+    got = {r["id"]: r for r in lines(tmp_path / "out.jsonl")}
+    assert (report.n_ok, report.n_errors) == (2, 2)
+    assert got["fits"]["status"] == got["short text"]["status"] == "ok"
+    assert "context is 24 tokens" in got["prompt"]["error"]
+    assert "25 tokens" in got["text"]["error"] and "context is 24" in got["text"]["error"]
