@@ -19,8 +19,10 @@ A ``.jsonl`` file holds one JSON object per line::
   the answer, negative from its end); text records: which positions' predictions to explain.
 - Any other keys are carried to the output under ``"meta"``.
 
-Any other file is read as plain text, one prompt per line (blank lines skipped), ids the
-line numbers.
+A ``.ndjson`` file (any case of either suffix) is read the same way. Any other file is read as
+plain text, one prompt per line (blank lines skipped), ids the line numbers; a line there
+that is a JSON record is refused (the file was meant as JSON lines). A line that cannot be
+read gets the id ``"line-<number>"``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-__all__ = ["FIELDS", "Record", "read_records"]
+__all__ = ["FIELDS", "JSONL_SUFFIXES", "Record", "read_records"]
+
+#: File suffixes read as JSON lines (any case); other files hold one prompt a line.
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 #: The keys a JSON record may have; others are carried under ``"meta"``.
 FIELDS = ("id", "prompt", "text", "answer", "target", "contrast", "positions")
@@ -104,15 +109,16 @@ def _problem(data: dict[str, Any]) -> Optional[str]:
 
 def _record(index: int, number: int, line: str) -> Record:
     """Record ``index`` from line ``number`` (its default id)."""
+    broken = f"line-{number}"  # the id of a line that cannot be read: no user id clashes
     try:
         data = json.loads(line)
     except json.JSONDecodeError as err:
-        return Record(index, number, error=f"line {number} is not JSON: {err}")
+        return Record(index, broken, error=f"line {number} is not JSON: {err}")
     if not isinstance(data, dict):
-        return Record(index, number, error=f"line {number} is not a JSON object")
+        return Record(index, broken, error=f"line {number} is not a JSON object")
     rid = data.get("id", number)
     if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        return Record(index, number, error=f"line {number}: \"id\" must be a string or an int")
+        return Record(index, broken, error=f"line {number}: \"id\" must be a string or an int")
     meta = {k: v for k, v in data.items() if k not in FIELDS}
     problem = _problem(data)
     if problem:
@@ -137,24 +143,41 @@ def read_records(path: Union[str, Path]) -> list[Record]:
 
     Raises:
         OSError, UnicodeDecodeError: the file cannot be read.
-        ValueError: the file holds no record, or two records share an id (resuming a run
-            needs unique ids).
+        ValueError: the file holds no record, two records share an id (resuming a run
+            needs unique ids), or a plain-text file holds JSON records.
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is dropped
+    is_jsonl = path.suffix.lower() in JSONL_SUFFIXES
     records: list[Record] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        if path.suffix == ".jsonl":
+        if is_jsonl:
             record = _record(len(records), number, line)
         else:
+            _refuse_json_as_text(path, number, line)
             record = Record(len(records), number, prompt=line.strip())
         records.append(record)
     if not records:
         raise ValueError(f"{str(path)!r} holds no record: one JSON object or prompt per line.")
     _check_unique(records, path)
     return records
+
+
+def _refuse_json_as_text(path: Path, number: int, line: str) -> None:
+    """A plain-text input whose line is a JSON record was meant as JSON lines: say so."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    if isinstance(data, dict) and ("prompt" in data or "text" in data):
+        raise ValueError(f"{str(path)!r}: line {number} is a JSON record, but only files named "
+                         f"{' or '.join(JSONL_SUFFIXES)} are read as JSON lines (others as one "
+                         "prompt a line): rename the file.")
 
 
 def _check_unique(records: list[Record], path: Path) -> None:

@@ -16,39 +16,79 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-__all__ = ["ResultsFile", "read_lines"]
+__all__ = ["ResultsFile", "check_results_file", "read_lines"]
 
 
-def _good_prefix(data: bytes) -> tuple[list[bytes], int]:
-    """The complete JSON lines of ``data`` and the byte length they span."""
-    lines, end = [], 0
-    for raw in data.splitlines(keepends=True):
-        if not raw.endswith(b"\n"):
-            break
-        try:
-            json.loads(raw)
-        except ValueError:
-            break
-        lines.append(raw)
-        end += len(raw)
-    return lines, end
+def _parse(raw: bytes) -> Optional[dict[str, Any]]:
+    """A result line as a dict, or None when it is damaged (cut short, not a JSON object)."""
+    if not raw.endswith(b"\n"):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _scan(data: bytes) -> tuple[list[dict[str, Any]], int, int]:
+    """The good lines of ``data``, the damaged lines before the last, and the torn tail.
+
+    Returns:
+        (records, damaged, torn): parsed lines (blank ones skipped), how many lines before
+        the last are damaged (skipped), and how many bytes the damaged last line spans.
+    """
+    raws = data.splitlines(keepends=True)
+    records, damaged, torn = [], 0, 0
+    for n, raw in enumerate(raws):
+        if not raw.strip():
+            continue
+        value = _parse(raw)
+        if value is not None:
+            records.append(value)
+        elif n == len(raws) - 1:
+            torn = len(raw)
+        else:
+            damaged += 1
+    return records, damaged, torn
 
 
 def read_lines(path: Union[str, Path]) -> tuple[list[dict[str, Any]], int]:
     """The complete records of a results file and the number of torn bytes at its end.
 
-    Blank lines are skipped; reading stops at the first torn line (no newline, or not JSON).
+    Blank lines are skipped; so are damaged lines (cut short, or not a JSON object) before
+    the last one, with a warning; a damaged last line is a torn write, reported in bytes.
 
     Returns:
-        (records, torn): the parsed lines, and how many bytes follow the last good line.
+        (records, torn): the parsed lines, and how many bytes the torn last line spans.
     """
     path = Path(path)
     if not path.exists():
         return [], 0
-    data = path.read_bytes()
-    lines, end = _good_prefix(data)
-    records = [json.loads(raw) for raw in lines if raw.strip()]
-    return records, len(data) - end
+    records, damaged, torn = _scan(path.read_bytes())
+    if damaged:
+        warnings.warn(f"{path}: skipped {damaged} damaged line(s) before the last one (not "
+                      "complete JSON objects); their records run again.", stacklevel=2)
+    return records, torn
+
+
+def check_results_file(path: Union[str, Path]) -> None:
+    """Refuse to write into an existing file that is not the output of ``iglens run``.
+
+    Raises:
+        ValueError: the file is not empty and its first line is not a result line (a JSON
+            object with ``"id"`` and ``"status"``), e.g. a notes file given as ``--output``.
+    """
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb") as handle:
+        first = next((line for line in handle if line.strip()), b"")
+    value = _parse(first if first.endswith(b"\n") else first + b"\n")
+    if not first or (value is not None and "id" in value and "status" in value):
+        return
+    raise ValueError(f"{str(path)!r} exists and is not a results file of `iglens run` (its "
+                     "first line is not a result): give a new path, or the output of an "
+                     "earlier run to resume it.")
 
 
 class ResultsFile:
@@ -84,8 +124,13 @@ class ResultsFile:
 
         Warns:
             UserWarning: when a torn line is cut off (its record will be run again).
+
+        Raises:
+            ValueError: the file exists but is not a results file (see
+                :func:`check_results_file`).
         """
-        records, torn = read_lines(self.own)
+        check_results_file(self.own)
+        _, torn = read_lines(self.own)
         if torn:
             warnings.warn(f"{self.own}: cut off a torn last line ({torn} bytes) from an "
                           "interrupted run; its record runs again.", stacklevel=2)

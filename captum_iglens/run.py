@@ -28,7 +28,7 @@ from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import render_prompt
 from captum_iglens.records import Record
 from captum_iglens.results import IGLensResult
-from captum_iglens.results_file import ResultsFile, read_lines
+from captum_iglens.results_file import ResultsFile, check_results_file, read_lines
 from captum_iglens.text import (
     DEFAULT_MAX_NEW_TOKENS,
     annotate_answer,
@@ -261,6 +261,8 @@ class _Runner:
             else:
                 self.out.append(_error_line(items[0][0], err))
             return
+        # every record of the batch shares its generation; each sub-batch, its own forward
+        generation = (time.perf_counter() - start) / len(items)
         ready = []
         for record, job in items:
             try:
@@ -269,21 +271,21 @@ class _Runner:
             except ValueError as err:
                 self.out.append(_error_line(record, err))
         for group in _groups(ready):
-            self._explain(group, start)
+            self._explain(group, generation)
 
-    def _explain(self, group: list[tuple[Record, AnswerJob]], start: float) -> None:
-        s = self.settings
+    def _explain(self, group: list[tuple[Record, AnswerJob]], generation: float) -> None:
+        s, start = self.settings, time.perf_counter()
         try:
             results = explain_batch(self.lens, self.tokenizer, [job for _, job in group],
                                     s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             if len(group) > 1:
                 for item in group:
-                    self._explain([item], start)
+                    self._explain([item], generation)
                 return
             self.out.append(_error_line(group[0][0], err))
             return
-        share = (time.perf_counter() - start) / len(group)
+        share = generation + (time.perf_counter() - start) / len(group)
         for (record, job), result in zip(group, results, strict=True):
             annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
                             job.generated, s.max_new_tokens)
@@ -350,11 +352,13 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
 
     Raises:
         OSError: the output cannot be written.
+        ValueError: ``output`` exists and is not a results file.
     """
     settings = settings or RunSettings()
     procs = procs or processes()
     lens = lens or IGLens(model)
     start = time.perf_counter()
+    check_results_file(output)
     out = ResultsFile(output, procs.rank, procs.world_size)
     done = out.done_ids()
     procs.barrier()  # every process has read what was done before any writes

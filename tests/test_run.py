@@ -313,15 +313,16 @@ def test_bad_records_become_error_records(gpt2_folder, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "4 results, 4 errors of 8 records" in err
     got = lines(out)
-    assert [r["id"] for r in got] == ["ok1", "empty", "ok2", "long", "vocab", 6, "ok3", "edge"]
+    assert [r["id"] for r in got] == ["ok1", "empty", "ok2", "long", "vocab", "line-6", "ok3",
+                                      "edge"]
     status = {r["id"]: r["status"] for r in got}
     assert status == {"ok1": "ok", "empty": "error", "ok2": "ok", "long": "error",
-                      "vocab": "error", 6: "error", "ok3": "ok", "edge": "ok"}
+                      "vocab": "error", "line-6": "error", "ok3": "ok", "edge": "ok"}
     errors = {r["id"]: r["error"] for r in got if r["status"] == "error"}
     assert "empty" in errors["empty"]
     assert f"{limit + 1} tokens" in errors["long"] and str(limit) in errors["long"]
     assert "500" in errors["vocab"] and "vocabulary" in errors["vocab"]
-    assert "line 6 is not JSON" in errors[6]
+    assert "line 6 is not JSON" in errors["line-6"]
     assert all(r["index"] == i for i, r in enumerate(got))
     # the good records of the batches that held bad ones are the ones of a clean run
     clean = write_jsonl(tmp_path / "clean.jsonl", [r for r in rows if isinstance(r, dict)
@@ -544,7 +545,8 @@ def test_read_records_ids_meta_and_text_files(tmp_path):
         "[1, 2]",
     ])
     records = read_records(path)
-    assert [r.id for r in records] == [1, "x", 4, 5, 6, 7]  # default: the line number
+    # default: the line number; a line that cannot be read: "line-<number>" (no clash)
+    assert [r.id for r in records] == [1, "x", 4, 5, "line-6", "line-7"]
     assert [r.index for r in records] == list(range(6))
     first, forced, doc, both, bad_id, array = records
     assert first.meta == {"source": "a", "score": [1, 2]} and first.error is None
@@ -560,6 +562,39 @@ def test_read_records_ids_meta_and_text_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n", encoding="utf-8")
     with pytest.raises(ValueError, match="no record"):
         read_records(tmp_path / "empty.jsonl")
+    # any case of .jsonl / .ndjson is JSON lines, a byte-order mark is dropped; JSON records
+    # in a file named otherwise are refused instead of explained as prompt text
+    upper = tmp_path / "R.JSONL"
+    upper.write_text("\ufeff" + json.dumps({"id": "a", "prompt": "w1"}) + "\n", encoding="utf-8")
+    assert [(r.id, r.prompt, r.error) for r in read_records(upper)] == [("a", "w1", None)]
+    misnamed = tmp_path / "r.json"
+    misnamed.write_text(json.dumps({"id": "a", "prompt": "w1"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 1 is a JSON record"):
+        read_records(misnamed)
+
+
+def test_output_that_is_not_a_results_file_is_refused_and_damaged_lines_are_skipped(
+        tiny_folder, tmp_path, capsys):
+    """An --output that holds something else is never truncated; a damaged line in the
+    middle of a results file costs that line only (it used to drop everything after it)."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"w{4 + i} w9"}
+                                                 for i in range(4)])
+    notes = tmp_path / "notes.md"
+    notes.write_text("# my notes\nkeep me\n", encoding="utf-8")
+    assert main(run_args(tiny_folder, source, notes)) == 2
+    assert notes.read_text(encoding="utf-8") == "# my notes\nkeep me\n"
+    assert "not a results file" in capsys.readouterr().err
+
+    out = tmp_path / "out.jsonl"
+    assert main(run_args(tiny_folder, source, out)) == 0
+    good = out.read_bytes().splitlines(keepends=True)
+    out.write_bytes(good[0] + good[1][: len(good[1]) // 2] + b"\n" + b"".join(good[2:]))
+    with pytest.warns(UserWarning, match="1 damaged line"):
+        records, torn = read_lines(out)
+    assert [r["id"] for r in records] == [0, 2, 3] and torn == 0
+    assert main(run_args(tiny_folder, source, out)) == 0
+    assert "3 were already done" in capsys.readouterr().err
+    assert [r["id"] for r in lines(out)] == [0, 1, 2, 3]
 
 
 def test_positions_meta_and_contrast_in_a_run(tiny_folder, tmp_path, capsys):

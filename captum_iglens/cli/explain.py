@@ -110,7 +110,7 @@ def _explainer(
         if args.target is not None:
             print(f"target token ids: {result.token_ids}")
         if args.contrast is not None:
-            print(f"contrast (foil) token ids: {result.contrast_ids}")
+            print(f"contrast (foil) token ids: {list(dict.fromkeys(result.contrast_ids))}")
         print(result.format_table())
         print()
         return result

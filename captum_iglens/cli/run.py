@@ -18,6 +18,7 @@ from typing import Any
 
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, load
+from captum_iglens.results_file import check_results_file
 
 __all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
 
@@ -27,7 +28,9 @@ DESCRIPTION = (
     "`iglens --json` plus the record's id. Prompt records are batched (left-padded generation "
     "and attribution); text records are explained at every position (document mode). "
     "Re-running the same command skips the ids already in the output. Under `accelerate "
-    "launch` or `torchrun`, the records are sharded across processes and merged in input order."
+    "launch` or `torchrun`, the records are sharded across processes and merged in input order. "
+    "Exit status: 0 done; 1 some records became error records (0 under a launcher, which would "
+    "take 1 for a crash; the summary line counts them); 2 a mistake in the command line."
 )
 
 
@@ -77,6 +80,20 @@ def _check_files(args: argparse.Namespace) -> None:
         raise UsageError(f"--output {args.output!r}: give a file in an existing folder")
     if out.resolve() == Path(sources[0]).resolve():
         raise UsageError("--output is the input file: give another path")
+    try:
+        check_results_file(out)
+    except ValueError as err:
+        raise UsageError(f"--output: {err}") from err
+    if args.text_file and not Path(args.text_file).read_bytes().strip():
+        raise UsageError(f"--text-file {args.text_file!r} is empty: give a text to explain")
+    if args.device and args.device.startswith("cuda") and not _cuda():
+        raise UsageError(f"--device {args.device}: this torch build sees no CUDA device")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _records(args: argparse.Namespace) -> list[Any]:
@@ -118,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         args (Namespace): Arguments parsed and checked by the router.
 
     Returns:
-        0, or 1 when some records ended as error records.
+        0, or 1 when some records ended as error records in a single-process run.
 
     Raises:
         UsageError: unreadable input, duplicate ids, layers beyond the model's blocks.
@@ -147,4 +164,5 @@ def run(args: argparse.Namespace) -> int:
                          progress=not args.no_progress, procs=procs)
     if procs.is_main:
         print(report.format(), file=sys.stderr)
-    return 1 if report.n_errors else 0
+    # Launchers (torchrun, accelerate) read a non-zero status as a crashed worker.
+    return 1 if report.n_errors and procs.world_size == 1 else 0

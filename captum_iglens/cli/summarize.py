@@ -107,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
     print(summary.format())
     if args.json_path:
         write_json(args.json_path, {"results": str(args.results), **summary.to_dict()})
-    if args.plot_path:
+    if args.plot_path and not records:
+        print(f"iglens: warning: no record was explained: {args.plot_path} not written",
+              file=sys.stderr)
+    elif args.plot_path:
         from captum_iglens.summary_plot import plot_summary
 
         plot_summary(summary, args.plot_path)
