@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Literal, Optional, Union, overload
 
-import torch
 from captum.attr import GradientAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
@@ -22,27 +21,20 @@ from captum_iglens._inputs import (
     is_int,
     resolve_layer_indices,
 )
+from captum_iglens._pipeline import check_estimator, convergence_delta, output_from_path
 from captum_iglens.architectures import input_embeddings, resolve_decoder_blocks, vocab_size
 from captum_iglens.baselines import BASELINES, BaselineSpec
 from captum_iglens.estimators import (
-    ESTIMATORS,
     METHODS,
     UNITS,
-    PathNodes,
-    final_probs,
     grid_probs,
-    node_probs,
-    warn_if_not_converged,
 )
 from captum_iglens.onset import onset_layer_indices
 from captum_iglens.readout import (
     ReadoutMismatchError,
-    check_readout,
     chunk_rows,
-    readout_top_k,
     resolve_readout,
 )
-from captum_iglens.residual import model_dtype
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
@@ -354,7 +346,7 @@ class IGLens(GradientAttribution):
                 f"attributions has shape {tuple(attributions.shape)}, expected "
                 f"{[*expected, k]}: one credit per chosen layer ({k}) per explained position."
             )
-        delta = _delta(attr.to(out.p_final.device), out.p_final, out.p_baseline)
+        delta = convergence_delta(attr.to(out.p_final.device), out.p_final, out.p_baseline)
         return delta[:, 0] if single else delta
 
     def path_probabilities(
@@ -413,53 +405,12 @@ class IGLens(GradientAttribution):
         contrast: TargetSpec = None,
     ) -> tuple[IGLensOutput, bool]:
         """Capture the path, read it out, check Invariant R, run the estimator."""
-        if method not in ESTIMATORS:
-            raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
-        if not is_int(n_steps) or n_steps < 1:
-            raise ValueError(f"n_steps must be a positive int, got {n_steps!r}.")
-        if method != "prediction_aware" and torch.is_inference_mode_enabled():
-            raise RuntimeError(
-                f"method={method!r} integrates gradients, which torch.inference_mode() forbids: "
-                "call attribute outside inference mode (torch.no_grad() is fine), or use the "
-                "default method='prediction_aware', which needs no gradient."
-            )
+        check_estimator(method, n_steps)
         cap = self._capture(inputs, target, positions, baselines, additional_forward_args,
                             contrast)
-        chunk = self._chunk(internal_batch_size)
-        path = replace(cap.path, log=self.units == "log-probability")
-        probs = node_probs(self.readout, path, chunk)
-        check_readout(self.readout, probs, cap.model_probs, model_dtype(self.model),
-                      type(self.model).__name__, verify=self.check_readout,
-                      hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk,
-                      final=final_probs(self.readout, path, probs, chunk) if self.check_readout
-                      else None)
-        cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
-        credits = ESTIMATORS[method](self.readout, path, probs, method, n_steps, chunk)
-        p_base, p_final = probs[..., 0], probs[..., -1]
-        warn_if_not_converged(credits, p_final - p_base, method, n_steps)
-        out = IGLensOutput(
-            attributions=credits,
-            convergence_delta=_delta(credits, p_final, p_base),
-            lens_probs=probs[..., 1:],
-            p_final=p_final,
-            p_baseline=p_base,
-            target=cap.path.target,
-            positions=cap.positions,
-            layer_indices=self.layer_indices,
-            baseline=cap.baseline,
-            model_argmax=cap.model_argmax,
-            units=self.units,
-            contrast=path.contrast,
-        )
-        if top_k:
-            out.top_k_probs, out.top_k_ids = self._top_k(path, top_k, chunk)
+        out = output_from_path(self, cap, method, n_steps, self._chunk(internal_batch_size),
+                               top_k)
         return out, cap.single
-
-    def _top_k(self, path: PathNodes, k: int, chunk: int) -> tuple[Tensor, Tensor]:
-        """The logit lens's top ``k`` tokens at every chosen layer: ``[B, P, k_layers, k]``."""
-        layers = path.nodes[:, :, 1:]
-        probs, ids = readout_top_k(self.readout, layers.reshape(-1, layers.shape[-1]), k, chunk)
-        return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
 
     def _chunk(self, internal_batch_size: Optional[int]) -> int:
         return chunk_rows(internal_batch_size, vocab_size(self.model) or 1)
@@ -471,7 +422,3 @@ class IGLens(GradientAttribution):
         return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
                             inputs, target, positions, baselines, additional_forward_args,
                             contrast)
-
-
-def _delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:
-    return attributions.sum(-1) - (p_final - p_base).to(attributions.dtype)

@@ -1,0 +1,114 @@
+"""From a captured path to an :class:`IGLensOutput`: readout, Invariant R, estimator.
+
+:class:`~captum_iglens.IGLens` is the Captum surface; this is the computation behind it:
+``f`` at every node of the path (arXiv:2606.29693), the readout check against the model's
+own distribution, the chosen estimator's credits, and the convergence delta
+``sum_j IGL_j - (f(h_n) - f(b))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from captum_iglens._capture import PathCapture
+from captum_iglens._inputs import is_int
+from captum_iglens.estimators import (
+    ESTIMATORS,
+    METHODS,
+    PathNodes,
+    final_probs,
+    node_probs,
+    warn_if_not_converged,
+)
+from captum_iglens.readout import check_readout, readout_top_k
+from captum_iglens.residual import model_dtype
+from captum_iglens.results import IGLensOutput
+
+__all__ = ["check_estimator", "convergence_delta", "output_from_path"]
+
+
+def check_estimator(method: str, n_steps: object) -> None:
+    """Refuse an unknown estimator, a bad ``n_steps`` or gradients under inference mode.
+
+    Raises:
+        ValueError: ``method`` not in :data:`~captum_iglens.estimators.METHODS`, or
+            ``n_steps`` not a positive int.
+        RuntimeError: a gradient estimator inside ``torch.inference_mode()``.
+    """
+    if method not in ESTIMATORS:
+        raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
+    if not is_int(n_steps) or n_steps < 1:  # type: ignore[operator]
+        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}.")
+    if method != "prediction_aware" and torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"method={method!r} integrates gradients, which torch.inference_mode() forbids: "
+            "call attribute outside inference mode (torch.no_grad() is fine), or use the "
+            "default method='prediction_aware', which needs no gradient."
+        )
+
+
+def convergence_delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:
+    """``attributions.sum(-1) - (p_final - p_base)``: ``[...]`` in the credits' dtype."""
+    return attributions.sum(-1) - (p_final - p_base).to(attributions.dtype)
+
+
+def _top_k(readout: Callable[[Tensor], Tensor], path: PathNodes, k: int,
+           chunk: int) -> tuple[Tensor, Tensor]:
+    """The logit lens's top ``k`` tokens at every chosen layer: ``[B, P, k_layers, k]``."""
+    layers = path.nodes[:, :, 1:]
+    probs, ids = readout_top_k(readout, layers.reshape(-1, layers.shape[-1]), k, chunk)
+    return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
+
+
+def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: int,
+                     chunk: int, top_k: int = 0) -> IGLensOutput:
+    """Read out ``cap``'s path, check Invariant R, run the estimator, package the output.
+
+    Args:
+        lens: The :class:`~captum_iglens.IGLens` (its model, readout, layers, units and
+            whether the readout is checked).
+        cap (PathCapture): The captured path (:func:`~captum_iglens._capture.capture_path`).
+        method (str): The estimator, checked with :func:`check_estimator`.
+        n_steps (int): Its steps per segment.
+        chunk (int): Readout rows per chunk.
+        top_k (int, optional): Record the logit lens's top ``top_k`` tokens. Default: 0.
+
+    Returns:
+        IGLensOutput: ``[B, P, k]`` credits and the rest, in the lens's units.
+
+    Raises:
+        ReadoutMismatchError: the readout does not reproduce the model (Invariant R).
+    """
+    readout = lens.readout
+    path = replace(cap.path, log=lens.units == "log-probability")
+    probs = node_probs(readout, path, chunk)
+    check_readout(readout, probs, cap.model_probs, model_dtype(lens.model),
+                  type(lens.model).__name__, verify=lens.check_readout,
+                  hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk,
+                  final=final_probs(readout, path, probs, chunk) if lens.check_readout
+                  else None)
+    cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
+    credits = ESTIMATORS[method](readout, path, probs, method, n_steps, chunk)
+    p_base, p_final = probs[..., 0], probs[..., -1]
+    warn_if_not_converged(credits, p_final - p_base, method, n_steps)
+    out = IGLensOutput(
+        attributions=credits,
+        convergence_delta=convergence_delta(credits, p_final, p_base),
+        lens_probs=probs[..., 1:],
+        p_final=p_final,
+        p_baseline=p_base,
+        target=cap.path.target,
+        positions=cap.positions,
+        layer_indices=lens.layer_indices,
+        baseline=cap.baseline,
+        model_argmax=cap.model_argmax,
+        units=lens.units,
+        contrast=path.contrast,
+    )
+    if top_k:
+        out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
+    return out
