@@ -13,20 +13,24 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-__all__ = ["ResultsFile", "check_results_file", "read_lines"]
+__all__ = ["ResultsFile", "check_results_file", "load_results", "read_lines"]
+
+
+def _json(raw: bytes) -> Optional[Any]:
+    """The JSON value of ``raw``, or None when it is no complete JSON value."""
+    try:
+        return json.loads(raw)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError (a cut UTF-8 character)
+        return None
 
 
 def _parse(raw: bytes) -> Optional[dict[str, Any]]:
     """A result line as a dict, or None when it is damaged (cut short, not a JSON object)."""
-    if not raw.endswith(b"\n"):
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
+    value = _json(raw) if raw.endswith(b"\n") else None
     return value if isinstance(value, dict) else None
 
 
@@ -186,3 +190,73 @@ class ResultsFile:
         for part in self.parts():
             part.unlink()
         return len(known) + len(rest)
+
+
+# ------------------------------------------------------------- reading for a summary
+_STATUSES = ("ok", "error")
+
+
+def load_results(path: Union[str, Path]) -> tuple[list[dict], list[dict], int]:
+    """Read a results ``.jsonl`` file of ``iglens run``.
+
+    Blank lines are ignored. A line that is not a complete JSON object is a torn write
+    (a run killed mid-write): it is skipped with a warning and never read as data. Only the
+    last line should be torn; a torn line followed by more lines (a resumed run) is
+    skipped too, with a warning that says so.
+
+    Args:
+        path (str or Path): The results file (UTF-8 JSON lines).
+
+    Returns:
+        (records, errors, torn): the ``"ok"`` lines and the ``"error"`` lines as dicts, in
+        file order, and the number of torn lines skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: a complete JSON line that is not a result line (no object, or a
+            ``status`` other than ``"ok"`` / ``"error"``), or a file without any result
+            line.
+    """
+    lines = Path(path).read_bytes().split(b"\n")
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    records: list[dict] = []
+    errors: list[dict] = []
+    torn = 0
+    for n, line in numbered:
+        entry = _json(line)
+        if entry is None:
+            torn += 1
+            warnings.warn(_torn_message(path, n, line, last=n == numbered[-1][0]), stacklevel=2)
+            continue
+        _check_entry(entry, path, n)
+        (records if entry["status"] == "ok" else errors).append(entry)
+    if not records and not errors:
+        raise ValueError(f"{path}: no result line (expected the JSON lines of 'iglens run')")
+    _warn_duplicate_ids(records + errors, path)
+    return records, errors, torn
+
+
+def _torn_message(path: Union[str, Path], n: int, line: bytes, last: bool) -> str:
+    where = ("the torn last line" if last else
+             "a torn line followed by more lines (was the run resumed after a kill?)")
+    return (f"{path}: skipped line {n}, {where}: {len(line)} bytes that are not a complete "
+            "JSON object")
+
+
+def _check_entry(entry: Any, path: Union[str, Path], n: int) -> None:
+    """Raise ValueError unless ``entry`` is an object with status ``"ok"`` or ``"error"``."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}, line {n}: expected a JSON object, got "
+                         f"{type(entry).__name__} (is this a results file of 'iglens run'?)")
+    if entry.get("status") not in _STATUSES:
+        raise ValueError(f"{path}, line {n}: 'status' is {entry.get('status')!r}, expected "
+                         "'ok' or 'error' (is this a results file of 'iglens run'?)")
+
+
+def _warn_duplicate_ids(entries: list[dict], path: Union[str, Path]) -> None:
+    counts = Counter(repr(entry.get("id")) for entry in entries if entry.get("id") is not None)
+    repeated = [key for key, count in counts.items() if count > 1]
+    if repeated:
+        warnings.warn(f"{path}: ids appear more than once ({', '.join(repeated[:5])}"
+                      f"{' ...' if len(repeated) > 5 else ''}): each line is summarized as its "
+                      "own record", stacklevel=3)

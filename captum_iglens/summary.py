@@ -15,17 +15,14 @@ over the whole run, the slowest records and every failure.
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import warnings
-from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from captum_iglens.results._format import layer_names, num, shorten
+from captum_iglens.results_file import load_results
 from captum_iglens.summary_report import WIDTH, record_label, report_lines
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
@@ -34,83 +31,7 @@ __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
 N_SLOWEST = 5
 #: Settings that may differ between records without refusing the run (they are reported).
 SETTINGS = ("model", "method", "baseline", "onset_rule", "onset_frac")
-_STATUSES = ("ok", "error")
 _BATCH_ELEMENTS = 1 << 24  # float64 elements per vectorized bootstrap call (128 MiB)
-
-
-# ----------------------------------------------------------------------------- loading
-def load_results(path: Union[str, Path]) -> tuple[list[dict], list[dict], int]:
-    """Read a results ``.jsonl`` file of ``iglens run``.
-
-    Blank lines are ignored. A line that is not a complete JSON object is a torn write
-    (a run killed mid-write): it is skipped with a warning and never read as data. Only the
-    last line should be torn; a torn line followed by more lines (a resumed run) is
-    skipped too, with a warning that says so.
-
-    Args:
-        path (str or Path): The results file (UTF-8 JSON lines).
-
-    Returns:
-        (records, errors, torn): the ``"ok"`` lines and the ``"error"`` lines as dicts, in
-        file order, and the number of torn lines skipped.
-
-    Raises:
-        OSError: the file cannot be read.
-        ValueError: a complete JSON line that is not a result line (no object, or a
-            ``status`` other than ``"ok"`` / ``"error"``), or a file without any result
-            line.
-    """
-    lines = Path(path).read_bytes().split(b"\n")
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
-    records: list[dict] = []
-    errors: list[dict] = []
-    torn = 0
-    for n, line in numbered:
-        entry = _parse_line(line)
-        if entry is None:
-            torn += 1
-            warnings.warn(_torn_message(path, n, line, last=n == numbered[-1][0]), stacklevel=2)
-            continue
-        _check_entry(entry, path, n)
-        (records if entry["status"] == "ok" else errors).append(entry)
-    if not records and not errors:
-        raise ValueError(f"{path}: no result line (expected the JSON lines of 'iglens run')")
-    _warn_duplicate_ids(records + errors, path)
-    return records, errors, torn
-
-
-def _parse_line(line: bytes) -> Optional[Any]:
-    """The JSON value of ``line``, or None when it is no complete JSON value (torn)."""
-    try:
-        return json.loads(line)
-    except ValueError:  # JSONDecodeError and UnicodeDecodeError (a cut UTF-8 character)
-        return None
-
-
-def _torn_message(path: Union[str, Path], n: int, line: bytes, last: bool) -> str:
-    where = ("the torn last line" if last else
-             "a torn line followed by more lines (was the run resumed after a kill?)")
-    return (f"{path}: skipped line {n}, {where}: {len(line)} bytes that are not a complete "
-            "JSON object")
-
-
-def _check_entry(entry: Any, path: Union[str, Path], n: int) -> None:
-    """Raise ValueError unless ``entry`` is an object with status ``"ok"`` or ``"error"``."""
-    if not isinstance(entry, dict):
-        raise ValueError(f"{path}, line {n}: expected a JSON object, got "
-                         f"{type(entry).__name__} (is this a results file of 'iglens run'?)")
-    if entry.get("status") not in _STATUSES:
-        raise ValueError(f"{path}, line {n}: 'status' is {entry.get('status')!r}, expected "
-                         "'ok' or 'error' (is this a results file of 'iglens run'?)")
-
-
-def _warn_duplicate_ids(entries: list[dict], path: Union[str, Path]) -> None:
-    counts = Counter(repr(entry.get("id")) for entry in entries if entry.get("id") is not None)
-    repeated = [key for key, count in counts.items() if count > 1]
-    if repeated:
-        warnings.warn(f"{path}: ids appear more than once ({', '.join(repeated[:5])}"
-                      f"{' ...' if len(repeated) > 5 else ''}): each line is summarized as its "
-                      "own record", stacklevel=3)
 
 
 # ----------------------------------------------------------------------------- arrays

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
             status 1).
         OSError: the file cannot be read or an output cannot be written (exit status 1).
     """
-    from captum_iglens.summary import load_results, summarize
+    from captum_iglens.results_file import load_results
+    from captum_iglens.summary import summarize
 
     records, errors, torn = load_results(args.results)
     summary = summarize(records, errors, n_boot=args.n_boot, seed=args.seed, torn=torn)
