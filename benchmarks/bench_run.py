@@ -68,7 +68,7 @@ def _quiet() -> None:
 
 def bench_batched(args: argparse.Namespace) -> None:
     from captum_iglens import IGLens, explain
-    from captum_iglens.batched import generate_batch
+    from captum_iglens.generation import generate_batch
     from captum_iglens.models import load_model
     from captum_iglens.prompts import render_prompt
     from captum_iglens.records import Record

@@ -1,4 +1,4 @@
-"""Many prompts at once: left-padded greedy generation and teacher-forced IG-Lens batches.
+"""Many prompts at once: teacher-forced IG-Lens over a left-padded batch.
 
 A row of a batch gives the result of the same prompt run alone (to float32 rounding): the
 attention mask hides the padding, ``position_ids`` restart at each row's first real token,
@@ -11,17 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
-from torch import nn
 
-from captum_iglens.architectures import display_name, max_sequence_length, vocab_size
+from captum_iglens.architectures import display_name, vocab_size
+from captum_iglens.generation import left_pad, pad_id
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import RenderedPrompt
-from captum_iglens.residual import input_device, model_state_preserved
+from captum_iglens.residual import input_device
 from captum_iglens.results import IGLensResult
 from captum_iglens.results.from_output import AnswerSpec, result_from_output
-from captum_iglens.text import _neutral_generation_config, end_ids
 
-__all__ = ["AnswerJob", "explain_batch", "generate_batch", "pad_id"]
+__all__ = ["AnswerJob", "explain_batch"]
 
 
 @dataclass
@@ -43,63 +42,6 @@ class AnswerJob:
     foils: Optional[list[int]] = None
     keep: Optional[list[int]] = None
     generated: bool = False
-
-
-def pad_id(tokenizer: Any) -> int:
-    """The id used for padding: the tokenizer's pad token, else its end token, else 0."""
-    for value in (getattr(tokenizer, "pad_token_id", None),
-                  getattr(tokenizer, "eos_token_id", None)):
-        if value is not None:
-            return int(value)
-    return 0
-
-
-def _left_pad(rows: Sequence[Sequence[int]], pad: int,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
-        mask[r, width - len(row):] = 1
-    return ids.to(device), mask.to(device)
-
-
-def generate_batch(model: nn.Module, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
-                   max_new_tokens: int) -> list[list[int]]:
-    """Greedy answers of several prompts in one left-padded ``generate`` call.
-
-    Decoding is plain greedy (the checkpoint's stored generation settings are not applied),
-    as in :func:`~captum_iglens.text.generate_answer`; each answer stops after its first end
-    token.
-
-    Args:
-        model (nn.Module): A Hugging Face causal LM.
-        tokenizer: Its tokenizer (pad and end tokens).
-        prompt_ids (sequence of sequence of int): ``B`` prompts' token ids.
-        max_new_tokens (int): Longest answer.
-
-    Returns:
-        list[list[int]]: ``B`` answers, the end token included where the model emitted one.
-
-    Raises:
-        ValueError: a prompt plus ``max_new_tokens`` longer than the model's position table.
-    """
-    limit = max_sequence_length(model)
-    longest = max(len(p) for p in prompt_ids)
-    if limit is not None and longest + max_new_tokens > limit:
-        raise ValueError(f"A prompt of {longest} tokens plus max_new_tokens={max_new_tokens} "
-                         f"exceeds the model's {limit} positions.")
-    ids, mask = _left_pad(prompt_ids, pad_id(tokenizer), input_device(model))
-    with model_state_preserved(model), torch.no_grad(), \
-            _neutral_generation_config(model, tokenizer, max_new_tokens) as config:
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-    ends = end_ids(model, tokenizer)
-    answers = []
-    for row in out[:, ids.shape[1]:].tolist():
-        stop = next((t + 1 for t, token in enumerate(row) if token in ends), len(row))
-        answers.append(row[:stop])
-    return answers
 
 
 def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
@@ -160,7 +102,7 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         raise ValueError("A prompt + answer is shorter than the longest answer of its batch: "
                          "batch it with answers of similar length.")
     model = lens.model
-    ids, mask = _left_pad(rows, pad_id(tokenizer), input_device(model))
+    ids, mask = left_pad(rows, pad_id(tokenizer), input_device(model))
     targets, foils = _targets(ids, jobs, n_cols, vocab_size(model) or 1)
     if foils is not None:
         attribute_kwargs["contrast"] = foils

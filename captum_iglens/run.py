@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 
 from captum_iglens._distributed import Processes, processes
 from captum_iglens.architectures import context_length
-from captum_iglens.batched import AnswerJob, explain_batch, generate_batch
+from captum_iglens.batched import AnswerJob, explain_batch
 from captum_iglens.document import DEFAULT_CHUNK, explain_document
+from captum_iglens.generation import generate_batch
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import render_prompt
 from captum_iglens.records import Record

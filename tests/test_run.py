@@ -37,9 +37,10 @@ from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLens
 from captum_iglens.architectures import max_sequence_length
-from captum_iglens.batched import AnswerJob, explain_batch, generate_batch
+from captum_iglens.batched import AnswerJob, explain_batch
 from captum_iglens.cli import main
 from captum_iglens.document import document_positions, explain_document
+from captum_iglens.generation import generate_batch
 from captum_iglens.prompts import render_prompt
 from captum_iglens.records import read_records
 from captum_iglens.results_file import read_lines
