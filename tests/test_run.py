@@ -281,7 +281,7 @@ def test_two_processes_write_the_single_process_output(tiny_folder, tmp_path, ca
     assert done.stderr.count("were already done") == 1  # rank 0 reports
     got, want = lines(out), lines(ref)
     # rank 0 explained some of the tokens, the other process the rest
-    own = int(re.search(r"(\d+) tokens explained now", done.stderr).group(1))
+    own = int(re.search(r"(\d+) tokens explained now by this process", done.stderr).group(1))
     assert 0 < own < sum(len(r["tokens"]) for r in want)
     assert [r["id"] for r in got] == [r["id"] for r in rows]
     assert [without_seconds(r) for r in got] == [without_seconds(r) for r in want]
