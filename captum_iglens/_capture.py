@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from captum_iglens._inputs import (
     PositionSpec,
     TargetSpec,
+    check_explained,
     check_not_padding,
     check_sequence_length,
     check_token_ids,
@@ -55,6 +56,8 @@ class PathCapture:
         baseline (str): What the paths start from.
         reference (ModelDistribution, optional): The model's own next-token distribution
             ``[B, P, V]`` at the explained positions, for the readout check.
+        explained (Tensor, optional): ``[B, P]`` bool on the CPU: the pairs to read out
+            (``None``: all).
     """
 
     path: PathNodes
@@ -64,6 +67,26 @@ class PathCapture:
     single: bool
     baseline: str
     reference: Optional[ModelDistribution] = None
+    explained: Optional[Tensor] = None
+
+    def select(self, explained: Tensor) -> PathCapture:
+        """The pairs where ``explained [B, P]`` (bool) is True, as one row: ``B = 1``, ``P = N``.
+
+        Row-major order; ``positions`` lists each pair's position.
+        """
+        def pick(tensor: Optional[Tensor]) -> Optional[Tensor]:
+            return None if tensor is None else tensor[explained.to(tensor.device)][None]
+
+        path = self.path
+        reference = self.reference
+        if reference is not None:
+            reference = ModelDistribution(pick(reference.log_probs), pick(reference.logit_max))
+        return PathCapture(
+            path=PathNodes(pick(path.nodes), pick(path.target), path.log, pick(path.contrast)),
+            model_probs=pick(self.model_probs), model_argmax=pick(self.model_argmax),
+            positions=[self.positions[c] for c in explained.nonzero()[:, 1].tolist()],
+            single=False, baseline=self.baseline, reference=reference,
+        )
 
 
 def _readout_device(readout: Callable[[Tensor], Tensor]) -> Optional[torch.device]:
@@ -95,11 +118,13 @@ def capture_path(
     baselines: BaselineSpec,
     additional_forward_args: Any,
     contrast: TargetSpec = None,
+    explained: Optional[Tensor] = None,
 ) -> PathCapture:
     """Run the model once (twice with reference ids) and build the paths.
 
-    Arguments are those of :meth:`~captum_iglens.IGLens.attribute`, plus the model's decoder
-    blocks, its readout and the chosen hidden-state indices.
+    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`, plus the model's
+    decoder blocks, its readout and the chosen hidden-state indices. With ``explained``
+    (``[B, P]`` bool), only those pairs must be real tokens with a foil unlike the target.
 
     Raises:
         ValueError, TypeError: bad inputs, positions, targets or baselines (see
@@ -115,7 +140,8 @@ def capture_path(
     params = forward_parameters(model)
     kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
     check_sequence_length(max_sequence_length(model), inputs, kwargs)
-    check_not_padding(mask, pos_list)
+    explained = check_explained(explained, inputs.shape[0], len(pos_list))
+    check_not_padding(mask, pos_list, explained)
     needed = set(layer_indices)
     # Only the explained positions are kept, except where a baseline reads every position.
     whole = {MEAN_BASELINE_LAYER} if isinstance(baselines, str) and baselines == "mean" else set()
@@ -132,7 +158,7 @@ def capture_path(
     log_probs = dist.log_probs
     tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
                            log_probs.shape[-1])
-    foil = normalise_contrast(contrast, tgt, pos_list, log_probs.shape[-1])
+    foil = normalise_contrast(contrast, tgt, pos_list, log_probs.shape[-1], explained)
     hidden = torch.stack([states[i][:, pos_list] if i in whole else states[i]
                           for i in layer_indices], dim=2)
     if reference is not None:
@@ -148,5 +174,5 @@ def capture_path(
         path=path,
         model_probs=_model_probs(log_probs, path),
         model_argmax=log_probs.argmax(-1),
-        positions=pos_list, single=single, baseline=name, reference=dist,
+        positions=pos_list, single=single, baseline=name, reference=dist, explained=explained,
     )

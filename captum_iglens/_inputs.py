@@ -20,6 +20,7 @@ __all__ = [
     "LayerSpec",
     "PositionSpec",
     "TargetSpec",
+    "check_explained",
     "check_not_padding",
     "check_sequence_length",
     "check_token_ids",
@@ -181,6 +182,25 @@ def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int
     return out, single
 
 
+def check_explained(explained: Optional[Tensor], batch: int, n_pos: int) -> Optional[Tensor]:
+    """The ``[B, P]`` bool mask of explained (row, position) pairs, on the CPU, or ``None``.
+
+    Raises:
+        TypeError: not a bool tensor.
+        ValueError: not of shape ``[B, P]``, or no pair explained.
+    """
+    if explained is None:
+        return None
+    if not isinstance(explained, Tensor) or explained.dtype != torch.bool:
+        raise TypeError(f"explained must be a bool tensor [B, P], got {explained!r}.")
+    if tuple(explained.shape) != (batch, n_pos):
+        raise ValueError(f"explained has shape {tuple(explained.shape)}, expected "
+                         f"[{batch}, {n_pos}]: one flag per row and explained position.")
+    if not bool(explained.any()):
+        raise ValueError("explained is False everywhere: explain at least one pair.")
+    return explained.detach().cpu()
+
+
 def _target_tensor(target: object, device: torch.device, name: str = "target") -> Tensor:
     if isinstance(target, str):
         raise TypeError(
@@ -239,7 +259,8 @@ def normalise_target(
 
 
 def normalise_contrast(
-    contrast: TargetSpec, target: Tensor, positions: Sequence[int], vocab: int
+    contrast: TargetSpec, target: Tensor, positions: Sequence[int], vocab: int,
+    explained: Optional[Tensor] = None,
 ) -> Optional[Tensor]:
     """Foil ids ``[B, P]`` (int64) for a contrastive target, or ``None`` for none.
 
@@ -250,6 +271,8 @@ def normalise_contrast(
         target (Tensor): ``[B, P]`` the normalised target ids.
         positions (sequence of int): The ``P`` explained positions, for messages.
         vocab (int): The vocabulary size.
+        explained (Tensor, optional): ``[B, P]`` bool, the pairs where a foil must differ
+            from the target (default: all).
 
     Raises:
         TypeError: text, floats or bools.
@@ -260,7 +283,10 @@ def normalise_contrast(
         return None
     foil = normalise_target(contrast, target.shape[0], target.shape[1], target, vocab,
                             name="contrast")
-    same = (foil == target).nonzero()
+    equal = foil == target
+    if explained is not None:
+        equal &= explained.to(equal.device)
+    same = equal.nonzero()
     if same.numel():
         row, col = same[0].tolist()
         raise ValueError(
@@ -369,15 +395,25 @@ def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mappi
         )
 
 
-def check_not_padding(mask: Optional[Tensor], positions: list[int]) -> None:
+def check_not_padding(mask: Optional[Tensor], positions: list[int],
+                      explained: Optional[Tensor] = None) -> None:
     """Refuse explained positions where the attention mask is 0.
+
+    Args:
+        mask (Tensor, optional): ``[B, S]`` the attention mask.
+        positions (list of int): The ``P`` explained positions (non-negative).
+        explained (Tensor, optional): ``[B, P]`` bool, the (row, position) pairs that are
+            explained (default: all).
 
     Raises:
         ValueError: naming the first padded (row, position).
     """
     if mask is None:
         return
-    padded = (mask[:, positions] == 0).nonzero()
+    padded_at = mask[:, positions] == 0
+    if explained is not None:
+        padded_at &= explained.to(padded_at.device)
+    padded = padded_at.nonzero()
     if padded.numel():
         row, col = padded[0].tolist()
         raise ValueError(

@@ -9,7 +9,7 @@ own distribution, the chosen estimator's credits, and the convergence delta
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -64,9 +64,45 @@ def _top_k(readout: Callable[[Tensor], Tensor], path: PathNodes, k: int,
     return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
 
 
+def _spread(flat: Optional[Tensor], explained: Tensor, fill: float) -> Optional[Tensor]:
+    """``flat [1, N, ...]`` back to ``[B, P, ...]``, ``fill`` where ``explained`` is False."""
+    if flat is None:
+        return None
+    out = flat.new_full((*explained.shape, *flat.shape[2:]), fill)
+    out[explained.to(flat.device)] = flat[0]
+    return out
+
+
+def _ragged_output(lens: nn.Module, cap: PathCapture, method: str, n_steps: int, chunk: int,
+                   top_k: int) -> IGLensOutput:
+    """Only ``cap.explained`` pairs read out; the others hold NaN (ids: -1)."""
+    mask = cap.explained
+    assert mask is not None
+    flat = output_from_path(lens, cap.select(mask), method, n_steps, chunk, top_k)
+    nan = float("nan")
+    return replace(
+        flat,
+        attributions=_spread(flat.attributions, mask, nan),
+        convergence_delta=_spread(flat.convergence_delta, mask, nan),
+        lens_probs=_spread(flat.lens_probs, mask, nan),
+        p_final=_spread(flat.p_final, mask, nan),
+        p_baseline=_spread(flat.p_baseline, mask, nan),
+        target=cap.path.target,
+        positions=cap.positions,
+        model_argmax=_spread(flat.model_argmax, mask, -1),
+        top_k_probs=_spread(flat.top_k_probs, mask, nan),
+        top_k_ids=_spread(flat.top_k_ids, mask, -1),
+        contrast=cap.path.contrast,
+    )
+
+
 def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: int,
                      chunk: int, top_k: int = 0) -> IGLensOutput:
     """Read out ``cap``'s path, check Invariant R, run the estimator, package the output.
+
+    With ``cap.explained`` (a ragged batch), only those (row, position) pairs are read out
+    and checked; the other entries of the output's ``[B, P, ...]`` tensors are NaN (-1 for
+    token ids; ``target`` and ``contrast`` keep the ids given).
 
     Args:
         lens: The :class:`~captum_iglens.IGLens` (its model, readout, layers, units and
@@ -83,6 +119,8 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
     Raises:
         ReadoutMismatchError: the readout does not reproduce the model (Invariant R).
     """
+    if cap.explained is not None:
+        return _ragged_output(lens, cap, method, n_steps, chunk, top_k)
     readout = lens.readout
     path = replace(cap.path, log=lens.units == "log-probability")
     probs = node_probs(readout, path, chunk)

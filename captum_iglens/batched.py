@@ -71,14 +71,15 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
 
     Each row is ``prompt + answer[:-1]``, left-padded to the longest; answers end at the
     same column, so the explained positions are the last ``max_r T_r`` columns, shared by
-    every row. A row whose answer is shorter than the longest contributes prompt positions
-    there (real tokens, targets their next tokens), which are dropped from its result.
+    every row. Only each row's own answer positions (those it reports) are read out
+    (``attribute_details(..., explained=...)``): a shorter answer costs no readout of the
+    columns before it.
 
     Args:
         lens (IGLens): The lens (its model, layers and units).
         tokenizer: Decodes the tokens of the results.
         jobs (sequence of AnswerJob): ``B`` prompts with their answers; all or none with
-            ``foils``; every ``prompt + answer[:-1]`` at least as long as the longest answer.
+            ``foils``.
         onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
         onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
         top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
@@ -89,8 +90,8 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         that job alone up to float32 rounding.
 
     Raises:
-        ValueError: a job without answer, a mix of contrastive and plain jobs, a sequence
-            shorter than the longest answer; and as :meth:`~captum_iglens.IGLens.attribute`.
+        ValueError: a job without answer, a mix of contrastive and plain jobs; and as
+            :meth:`~captum_iglens.IGLens.attribute`.
     """
     if not jobs or any(not job.answer_ids for job in jobs):
         raise ValueError("Every job of a batch needs a non-empty answer.")
@@ -98,9 +99,9 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
     rows = [job.rendered.ids + job.answer_ids[:-1] for job in jobs]
     n_cols = max(len(job.answer_ids) for job in jobs)
-    if min(len(r) for r in rows) < n_cols:
-        raise ValueError("A prompt + answer is shorter than the longest answer of its batch: "
-                         "batch it with answers of similar length.")
+    explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
+    for r, job in enumerate(jobs):
+        explained[r, _columns(job, n_cols)] = True
     model = lens.model
     ids, mask = left_pad(rows, pad_id(tokenizer), input_device(model))
     targets, foils = _targets(ids, jobs, n_cols, vocab_size(model) or 1)
@@ -109,19 +110,28 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
     positions = list(range(ids.shape[1] - n_cols, ids.shape[1]))
     out = lens.attribute_details(ids, target=targets, positions=positions,
                                  additional_forward_args=(mask,), top_k=top_k,
-                                 **attribute_kwargs)
+                                 explained=explained, **attribute_kwargs)
     return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule,
                         attribute_kwargs) for r, job in enumerate(jobs)]
+
+
+def _kept(job: AnswerJob) -> list[int]:
+    """The answer-token indices the job reports."""
+    return job.keep if job.keep is not None else list(range(len(job.answer_ids)))
+
+
+def _columns(job: AnswerJob, n_cols: int) -> list[int]:
+    """The explained columns (of the last ``n_cols``) of the job's reported tokens."""
+    return [n_cols - len(job.answer_ids) + t for t in _kept(job)]
 
 
 def _row_result(out: Any, row: int, job: AnswerJob, n_cols: int, tokenizer: Any, lens: IGLens,
                 onset_frac: float, onset_rule: str, settings: dict[str, Any]) -> IGLensResult:
     n_prompt, answer = len(job.rendered.ids), job.answer_ids
-    keep = job.keep if job.keep is not None else list(range(len(answer)))
+    keep = _kept(job)
     spec = AnswerSpec(
         prompt=job.prompt, input_ids=job.rendered.ids + answer, prompt_length=n_prompt,
         token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
         method=settings.get("method", "prediction_aware"), n_steps=settings.get("n_steps", 50),
         onset_frac=onset_frac, onset_rule=onset_rule, model_name=display_name(lens.model))
-    columns = [n_cols - len(answer) + t for t in keep]
-    return result_from_output(out, row, columns, spec, tokenizer)
+    return result_from_output(out, row, _columns(job, n_cols), spec, tokenizer)

@@ -275,6 +275,7 @@ class IGLens(GradientAttribution):
         positions: PositionSpec = -1,
         top_k: int = 0,
         contrast: TargetSpec = None,
+        explained: Optional[Tensor] = None,
     ) -> IGLensOutput:
         """Like :meth:`attribute`, returning an :class:`~captum_iglens.results.IGLensOutput`.
 
@@ -283,16 +284,23 @@ class IGLens(GradientAttribution):
         kept; with ``contrast`` the levels are values of ``F = p(y) - p(foil)``. Same
         arguments and errors as :meth:`attribute`, plus ``top_k`` (keyword-only): the logit
         lens's ``top_k`` most probable tokens at each chosen layer (``out.top_k_ids`` /
-        ``out.top_k_probs``, ``[B, P, k, top_k]``; always probabilities; default 0, none).
+        ``out.top_k_probs``, ``[B, P, k, top_k]``; always probabilities; default 0, none),
+        and ``explained`` (keyword-only): a ``[B, P]`` bool tensor for a ragged batch, rows
+        whose answers have other lengths. Only the True (row, position) pairs are read out
+        (the readouts are most of the cost) and checked; the others may be padding, their
+        credits, levels, ``p_final``, ``p_baseline`` and delta are NaN and their
+        ``model_argmax`` and ``top_k_ids`` -1. Default ``None``: every pair.
 
         Raises:
-            ValueError: ``top_k`` negative or above the vocabulary; and as :meth:`attribute`.
+            ValueError: ``top_k`` negative or above the vocabulary, ``explained`` not
+                ``[B, P]`` or all False; and as :meth:`attribute`.
+            TypeError: ``explained`` not a bool tensor.
         """
         if not is_int(top_k) or not 0 <= top_k <= (vocab_size(self.model) or top_k):
             raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
         out, _ = self._run(
             inputs, baselines, target, additional_forward_args, n_steps, method,
-            internal_batch_size, positions, int(top_k), contrast,
+            internal_batch_size, positions, int(top_k), contrast, explained,
         )
         return out
 
@@ -402,12 +410,12 @@ class IGLens(GradientAttribution):
         self, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
         additional_forward_args: Any, n_steps: int, method: str,
         internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
-        contrast: TargetSpec = None,
+        contrast: TargetSpec = None, explained: Optional[Tensor] = None,
     ) -> tuple[IGLensOutput, bool]:
         """Capture the path, read it out, check Invariant R, run the estimator."""
         check_estimator(method, n_steps)
         cap = self._capture(inputs, target, positions, baselines, additional_forward_args,
-                            contrast)
+                            contrast, explained)
         out = output_from_path(self, cap, method, n_steps, self._chunk(internal_batch_size),
                                top_k)
         return out, cap.single
@@ -418,7 +426,8 @@ class IGLens(GradientAttribution):
     def _capture(
         self, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
         baselines: BaselineSpec, additional_forward_args: Any, contrast: TargetSpec = None,
+        explained: Optional[Tensor] = None,
     ) -> PathCapture:
         return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
                             inputs, target, positions, baselines, additional_forward_args,
-                            contrast)
+                            contrast, explained)

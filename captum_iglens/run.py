@@ -294,35 +294,15 @@ class _Runner:
             self.out.append(_ok_line(record, result, share))
 
 
-#: A row joins a sub-batch when its answer is at least this fraction of the sub-batch's
-#: longest: shorter rows would spend most of their readouts on positions that are dropped.
-FILL = 0.75
-
-
 def _groups(items: list[tuple[Record, AnswerJob]]) -> list[list[tuple[Record, AnswerJob]]]:
-    """Sub-batches for one teacher-forced forward each.
+    """Sub-batches for one teacher-forced forward each: plain and contrastive apart.
 
-    Plain and contrastive apart; longest answers first, a row joining while its answer
-    fills at least :data:`FILL` of the sub-batch's longest and its sequence is at least as
-    long (every explained position of every row must be a real token).
+    Answers of other lengths share a forward: only each row's own answer positions are read
+    out (:func:`~captum_iglens.batched.explain_batch`).
     """
-    groups: list[list[tuple[Record, AnswerJob]]] = []
-    for contrastive in (False, True):
-        part = sorted((i for i in items if (i[1].foils is not None) == contrastive),
-                      key=lambda i: -len(i[1].answer_ids))
-        current: list[tuple[Record, AnswerJob]] = []
-        for item in part:
-            job = item[1]
-            n_cols = len(current[0][1].answer_ids) if current else 0
-            if current and (len(job.answer_ids) >= FILL * n_cols
-                            and len(job.rendered.ids) + len(job.answer_ids) - 1 >= n_cols):
-                current.append(item)
-            else:
-                groups += [current] if current else []
-                current = [item]
-        if current:
-            groups.append(current)
-    return groups
+    groups = [[i for i in items if (i[1].foils is not None) == contrastive]
+              for contrastive in (False, True)]
+    return [group for group in groups if group]
 
 
 def _count(path: Path) -> tuple[int, int]:

@@ -341,3 +341,59 @@ def test_unconverged_gradient_estimate_warns(tiny_llama, input_ids):
         _, delta = IGLens(tiny_llama).attribute(input_ids, method="gausslegendre", n_steps=64,
                                                 return_convergence_delta=True)
     assert delta.abs().max() <= 1e-3
+
+
+@pytest.mark.numerics
+def test_explained_pairs_alone_are_read_out(tiny_llama, input_ids):
+    """A ragged batch: row 1 is left-padded over its first 4 positions. With ``explained``,
+    the padded pairs (refused without it) are skipped: only the explained pairs reach the
+    readout, they equal the same pairs computed without a mask (to the readout's rounding,
+    other chunk shapes), and the other entries are NaN (ids: -1)."""
+    ids = input_ids.clone()
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    positions = [2, 5, 8]
+    explained = torch.tensor([[True, False, True], [False, True, True]])
+    with pytest.raises(ValueError, match="padding"):
+        IGLens(tiny_llama).attribute_details(ids, additional_forward_args=(mask,),
+                                             positions=positions)
+    base = IGLens(tiny_llama)
+    rows: list[int] = []
+
+    def counting(hidden: torch.Tensor) -> torch.Tensor:
+        rows.append(hidden.shape[0])
+        return base.readout(hidden)
+
+    counting.name = "counting"  # type: ignore[attr-defined]
+    lens = IGLens(tiny_llama, readout=counting)
+    ragged = lens.attribute_details(ids, additional_forward_args=(mask,), positions=positions,
+                                    explained=explained, top_k=3)
+    n_ragged, rows[:] = sum(rows), []
+    # every pair of row 0 is real: the full computation there (padded rows against each
+    # prompt alone: test_run.test_batch_rows_equal_each_prompt_alone)
+    full0 = lens.attribute_details(ids[:1], positions=positions, top_k=3)
+    n_full = sum(rows)
+    k = lens.num_layers
+    # per explained pair: k + 1 nodes and k top-k layers; h_n again for the distribution
+    # check (padded to >= 8 rows); all 6 pairs would be 6 * (2k + 1) + 8
+    assert n_ragged <= 4 * (2 * k + 1) + 8 < 6 * (2 * k + 1) + 8
+    assert n_full >= 3 * (2 * k + 1)
+    assert ragged.attributions.shape == (2, 3, k)
+    for name in ("attributions", "lens_probs", "p_final", "p_baseline", "convergence_delta"):
+        value = getattr(ragged, name)
+        assert torch.isnan(value[~explained]).all(), name
+    assert (ragged.model_argmax[~explained] == -1).all()
+    assert (ragged.top_k_ids[~explained] == -1).all()
+    assert ragged.positions == positions
+    nodes = lens_nodes(base, ids[:1], positions)
+    sens = readout_sensitivity(base.readout, nodes, full0.target[..., None].expand(-1, -1, k + 1))
+    tol = f32_tol(credit_sensitivity(sens), credit_sensitivity(sens),
+                  n_terms=reduction_length(base.readout))
+    got = ragged.attributions[0, explained[0]]
+    assert ((got - full0.attributions[0, explained[0]]).abs() <= tol[0, explained[0]]).all()
+    assert (ragged.top_k_ids[0, explained[0]] == full0.top_k_ids[0, explained[0]]).all()
+    assert ragged.attributions[explained].abs().max() > 1e3 * float(tol.max())
+    with pytest.raises(ValueError, match="explained has shape"):
+        lens.attribute_details(ids, positions=positions, explained=explained[:1])
+    with pytest.raises(TypeError, match="bool"):
+        lens.attribute_details(ids, positions=positions, explained=explained.long())

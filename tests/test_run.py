@@ -371,12 +371,14 @@ def _job(tokenizer, prompt: str, answer: list[int], foils: list[int] | None = No
 @pytest.mark.parametrize("contrastive", [False, True])
 def test_batch_rows_equal_each_prompt_alone(tiny, contrastive):
     """Prompts of 6, 4 and 2 tokens with answers of 4, 1 and 3 tokens in one left-padded
-    forward (and a batch whose answers are one token each): every row equals explain_ids on
-    that prompt alone, within the whole-model bound of two forward passes of other shapes."""
+    forward (a batch whose answers are one token each, and one whose 1-token prompt with its
+    answer is shorter than the longest answer: padding inside the explained columns): every
+    row equals explain_ids on that prompt alone, within the whole-model bound of two forward
+    passes of other shapes."""
     model, tok = tiny
     lens = IGLens(model)
     gen = torch.Generator().manual_seed(4)
-    batches = [[(6, 4), (4, 1), (2, 3)], [(3, 1), (5, 1)]]
+    batches = [[(6, 4), (4, 1), (2, 3)], [(3, 1), (5, 1)], [(7, 6), (1, 2), (2, 1)]]
     for shape in batches:
         jobs = []
         for n_prompt, n_answer in shape:
@@ -388,6 +390,8 @@ def test_batch_rows_equal_each_prompt_alone(tiny, contrastive):
                 foils = [f if f != a else (a + 1) % 128
                          for f, a in zip(ids[n_prompt + n_answer:], answer, strict=True)]
             jobs.append(_job(tok, prompt, answer, foils))
+        if shape is batches[-1]:  # the case is real: a row is padded in explained columns
+            assert min(len(j.rendered.ids) + len(j.answer_ids) - 1 for j in jobs) < 6
         rows = explain_batch(lens, tok, jobs)
         for job, row in zip(jobs, rows, strict=True):
             alone = explain_ids(model, job.rendered.ids, job.answer_ids, tokenizer=tok,
