@@ -8,7 +8,7 @@ of each foil, for contrastive targets) is kept for the readout check (Invariant 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +38,7 @@ from captum_iglens.estimators import PathNodes
 from captum_iglens.readout import ModelDistribution
 from captum_iglens.residual import execution_device, forward_with_capture
 
-__all__ = ["PathCapture", "capture_path"]
+__all__ = ["PathCapture", "capture_path", "paths_from_states", "recorded_layers"]
 
 
 @dataclass
@@ -142,11 +142,7 @@ def capture_path(
     check_sequence_length(max_sequence_length(model), inputs, kwargs)
     explained = check_explained(explained, inputs.shape[0], len(pos_list))
     check_not_padding(mask, pos_list, explained)
-    needed = set(layer_indices)
-    # Only the explained positions are kept, except where a baseline reads every position.
-    whole = {MEAN_BASELINE_LAYER} if isinstance(baselines, str) and baselines == "mean" else set()
-    if isinstance(baselines, str) and baselines in ("embedding", "mean"):
-        needed.add(0 if baselines == "embedding" else MEAN_BASELINE_LAYER)
+    needed, whole = recorded_layers(layer_indices, baselines)
     # Only the explained positions need the model's own logits: skip the unembedding
     # elsewhere where the model supports it.
     if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
@@ -155,24 +151,83 @@ def capture_path(
     states, logits = forward_with_capture(model, blocks, inputs, kwargs, needed, device, mask,
                                           pos_list, whole)
     dist = _model_distribution(logits, pos_list, inputs.shape[1], device)
-    log_probs = dist.log_probs
-    tgt = normalise_target(target, inputs.shape[0], len(pos_list), log_probs.argmax(-1),
-                           log_probs.shape[-1])
-    foil = normalise_contrast(contrast, tgt, pos_list, log_probs.shape[-1], explained)
-    hidden = torch.stack([states[i][:, pos_list] if i in whole else states[i]
-                          for i in layer_indices], dim=2)
+    tgt = normalise_target(target, inputs.shape[0], len(pos_list), dist.log_probs.argmax(-1),
+                           dist.log_probs.shape[-1])
+    base = None
     if reference is not None:
         last = len(blocks)
         ref_states, _ = forward_with_capture(model, blocks, reference, kwargs, {last}, device,
                                              mask, pos_list)
-        base, name = ref_states[last], "reference ids"
+        base = ref_states[last]
+    return paths_from_states(states, dist, layer_indices, pos_list, mask, tgt, contrast,
+                             baselines, explained, inputs.shape[1], single, base)
+
+
+def recorded_layers(layer_indices: Sequence[int],
+                    baselines: BaselineSpec) -> tuple[set[int], set[int]]:
+    """The hidden-state indices to record, and those needed at every position.
+
+    The chosen layers, plus what a named baseline reads (``h_0`` for ``"embedding"``, ``h_1``
+    at every position for ``"mean"``); the others are needed at the explained positions only.
+    """
+    needed = set(layer_indices)
+    whole = {MEAN_BASELINE_LAYER} if isinstance(baselines, str) and baselines == "mean" else set()
+    if isinstance(baselines, str) and baselines in ("embedding", "mean"):
+        needed.add(0 if baselines == "embedding" else MEAN_BASELINE_LAYER)
+    return needed, whole
+
+
+def paths_from_states(
+    states: dict[int, Tensor],
+    dist: ModelDistribution,
+    layer_indices: Sequence[int],
+    positions: list[int],
+    mask: Optional[Tensor],
+    target: TargetSpec,
+    contrast: TargetSpec,
+    baselines: BaselineSpec,
+    explained: Optional[Tensor],
+    seq_len: int,
+    single: bool = False,
+    base: Optional[Tensor] = None,
+) -> PathCapture:
+    """The IG-Lens paths from residuals recorded in a forward pass (or while generating).
+
+    Args:
+        states (dict[int, Tensor]): ``{l: h_l}``, ``[B, P, d]`` at the explained positions,
+            ``[B, S, d]`` for the indices :func:`recorded_layers` needs whole.
+        dist (ModelDistribution): The model's own distribution ``[B, P, V]`` there.
+        layer_indices (sequence of int): The chosen hidden-state indices.
+        positions (list of int): The ``P`` explained positions (columns of the sequence).
+        mask (Tensor, optional): ``[B, S]`` attention mask (real tokens).
+        target: Target ids (see :meth:`~captum_iglens.IGLens.attribute`).
+        contrast: Foil ids, or ``None``.
+        baselines: The baseline (see :func:`~captum_iglens.baselines.residual_baseline`).
+        explained (Tensor, optional): ``[B, P]`` bool, the pairs to read out.
+        seq_len (int): ``S``.
+        single (bool): One int position was asked for.
+        base (Tensor, optional): ``[B, P, d]`` path starts from reference ids.
+
+    Raises:
+        ValueError, TypeError: bad targets, foils or baselines.
+    """
+    log_probs = dist.log_probs
+    tgt = normalise_target(target, log_probs.shape[0], len(positions), log_probs.argmax(-1),
+                           log_probs.shape[-1])
+    foil = normalise_contrast(contrast, tgt, positions, log_probs.shape[-1], explained)
+    whole = recorded_layers(layer_indices, baselines)[1]
+    hidden = torch.stack([states[i][:, positions] if i in whole else states[i]
+                          for i in layer_indices], dim=2)
+    if base is not None:
+        name = "reference ids"
     else:
-        base = residual_baseline(baselines, states, pos_list, mask, hidden, inputs.shape[1])
+        base = residual_baseline(baselines, states, positions, mask, hidden, seq_len)
         name = baselines if isinstance(baselines, str) else "tensor"
     path = PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt, contrast=foil)
     return PathCapture(
         path=path,
         model_probs=_model_probs(log_probs, path),
         model_argmax=log_probs.argmax(-1),
-        positions=pos_list, single=single, baseline=name, reference=dist, explained=explained,
+        positions=positions, single=single, baseline=name, reference=dist,
+        explained=explained,
     )

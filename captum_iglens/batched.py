@@ -1,8 +1,10 @@
-"""Many prompts at once: teacher-forced IG-Lens over a left-padded batch.
+"""Many prompts at once: IG-Lens over a left-padded batch, teacher-forced or recorded.
 
 A row of a batch gives the result of the same prompt run alone (to float32 rounding): the
 attention mask hides the padding, ``position_ids`` restart at each row's first real token,
-and the mean baseline averages each row's own real positions.
+and the mean baseline averages each row's own real positions. :func:`explain_batch` runs one
+teacher-forced forward over given answers; :func:`explain_recorded` reads out the residuals
+that generation itself recorded (:mod:`captum_iglens.recorded`), with no second forward.
 """
 
 from __future__ import annotations
@@ -12,15 +14,20 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from captum_iglens._capture import paths_from_states
+from captum_iglens._inputs import is_int
+from captum_iglens._pipeline import check_estimator, output_from_path
 from captum_iglens.architectures import display_name, vocab_size
 from captum_iglens.generation import left_pad, pad_id
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import RenderedPrompt
+from captum_iglens.readout import ModelDistribution, chunk_rows
+from captum_iglens.recorded import Recording
 from captum_iglens.residual import input_device
 from captum_iglens.results import IGLensResult
 from captum_iglens.results.from_output import AnswerSpec, result_from_output
 
-__all__ = ["AnswerJob", "explain_batch"]
+__all__ = ["AnswerJob", "explain_batch", "explain_recorded"]
 
 
 @dataclass
@@ -113,6 +120,80 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
                                  explained=explained, **attribute_kwargs)
     return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule,
                         attribute_kwargs) for r, job in enumerate(jobs)]
+
+
+def _padded(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """``[B, width]`` ids, each row continued with its own last id (never read out)."""
+    return torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+_RECORDED_SETTINGS = {"baselines", "method", "n_steps", "internal_batch_size"}
+
+
+def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
+                     jobs: Sequence[AnswerJob], onset_frac: float = 0.5,
+                     onset_rule: str = "sustained", top_k: int = 0,
+                     **attribute_kwargs: Any) -> list[IGLensResult]:
+    """IG-Lens over the generated answers of ``recording``: readouts only, no forward.
+
+    Row ``r`` of the recording is ``jobs[r]``; answer token ``t`` is explained at the
+    recording's column ``S_p - 1 + t`` with the residuals of the pass that generated it.
+
+    Args:
+        lens (IGLens): The lens the recording was made with.
+        tokenizer: Decodes the tokens of the results.
+        recording (Recording): From :func:`~captum_iglens.recorded.generate_recording`.
+        jobs (sequence of AnswerJob): One per row, ``answer_ids`` the recording's answers;
+            all or none with ``foils`` (one per answer token).
+        onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
+        onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
+        top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
+        **attribute_kwargs: ``baselines`` (the recording's), ``method``, ``n_steps``,
+            ``internal_batch_size``.
+
+    Returns:
+        list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids`
+        on that job alone up to float32 rounding (a KV-cached forward against a whole one).
+
+    Raises:
+        ValueError: jobs that are not the recording's rows, a mix of contrastive and plain
+            jobs, an unknown estimator, a bad ``top_k``; and as
+            :meth:`~captum_iglens.IGLens.attribute`.
+        TypeError: an argument :meth:`~captum_iglens.IGLens.attribute` has not.
+    """
+    unknown = set(attribute_kwargs) - _RECORDED_SETTINGS
+    if unknown:
+        raise TypeError(f"Unexpected arguments {sorted(unknown)}: use "
+                        f"{sorted(_RECORDED_SETTINGS)}.")
+    if [job.answer_ids for job in jobs] != recording.answers:
+        raise ValueError("The jobs' answers are not the recording's: one job per row.")
+    if any(not job.answer_ids for job in jobs):
+        raise ValueError("Every job of a batch needs a non-empty answer.")
+    if len({job.foils is None for job in jobs}) > 1:
+        raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
+    if any(job.foils is not None and len(job.foils) != len(job.answer_ids) for job in jobs):
+        raise ValueError("Give one foil per answer token (contrast_per_token).")
+    vocab = vocab_size(lens.model) or recording.logits.shape[-1]
+    if not is_int(top_k) or not 0 <= top_k <= vocab:
+        raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
+    method = attribute_kwargs.get("method", "prediction_aware")
+    n_steps = attribute_kwargs.get("n_steps", 50)
+    check_estimator(method, n_steps)
+    n_cols = recording.logits.shape[1]
+    explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
+    for r, job in enumerate(jobs):
+        explained[r, _kept(job)] = True
+    foils = jobs[0].foils is not None
+    cap = paths_from_states(
+        recording.states, ModelDistribution.from_logits(recording.logits), lens.layer_indices,
+        recording.positions, recording.mask, _padded(recording.answers, n_cols),
+        _padded([job.foils for job in jobs], n_cols) if foils else None,
+        attribute_kwargs.get("baselines", "mean"), explained, recording.mask.shape[1])
+    out = output_from_path(lens, cap, method, n_steps,
+                           chunk_rows(attribute_kwargs.get("internal_batch_size"), vocab),
+                           int(top_k))
+    return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
+                        onset_rule, attribute_kwargs) for r, job in enumerate(jobs)]
 
 
 def _kept(job: AnswerJob) -> list[int]:

@@ -20,11 +20,13 @@ from captum_iglens.architectures import input_embeddings
 __all__ = [
     "ResidualShapeError",
     "capture_residual_stream",
+    "check_finite_residuals",
     "execution_device",
     "forward_with_capture",
     "input_device",
     "model_dtype",
     "model_state_preserved",
+    "record_residual_steps",
     "residual_tap",
 ]
 
@@ -174,6 +176,60 @@ def capture_residual_stream(
             handle.remove()
 
 
+@contextmanager
+def record_residual_steps(
+    blocks: nn.ModuleList,
+    layer_indices: Iterable[int],
+    device: Optional[torch.device] = None,
+    whole: Iterable[int] = (),
+    finite: Optional[dict[int, list[Tensor]]] = None,
+) -> Iterator[dict[int, list[Tensor]]]:
+    """Record ``h_l`` at every forward pass while open (generation: prompt, then each step).
+
+    Args:
+        blocks (nn.ModuleList): The decoder blocks.
+        layer_indices (iterable of int): Hidden-state indices (0: the first block's input).
+        device (torch.device, optional): Where the recorded residuals are moved.
+        whole (iterable of int): Indices recorded at every position of each pass; the others
+            only at its last position (where the next token is predicted).
+        finite (dict, optional): Filled for *every* index ``0..n`` with one ``[B]`` bool per
+            pass: whether the last position's residual is finite (to name the first
+            non-finite block, chosen or not).
+
+    Yields:
+        dict[int, list[Tensor]]: per index, one tensor per pass: ``[B, s, d]`` (``whole``) or
+        ``[B, 1, d]``; detached, the model's dtype. Hooks are removed on exit.
+
+    Raises:
+        ResidualShapeError: a block's input or output is not ``[B, s, d]`` for the pass's
+            ``(B, s)`` (block named).
+    """
+    wanted, full = set(layer_indices), set(whole)
+    store: dict[int, list[Tensor]] = {index: [] for index in wanted}
+    shape: list[tuple[int, int]] = []
+
+    def keep(index: int, hidden: Tensor) -> None:
+        if index == 0:  # the first block's input opens every pass
+            shape[:] = [tuple(hidden.shape[:2])]
+        _check_shape(index, hidden, shape[0], blocks[max(index - 1, 0)])
+        if finite is not None:
+            finite.setdefault(index, []).append(
+                torch.isfinite(hidden.detach()[:, -1]).all(-1).cpu())
+        if index in wanted:
+            hidden = hidden.detach() if index in full else hidden.detach()[:, -1:]
+            store[index].append(hidden.to(device) if device is not None else hidden)
+
+    indices = set(range(len(blocks) + 1)) if finite is not None else wanted | {0}
+    handles: list = []
+    try:
+        for index in sorted(indices):
+            handles.append(_register(blocks, index, keep))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _register(blocks: nn.ModuleList, index: int, keep: Callable[[int, Tensor], None]) -> Any:
     """Hook hidden-state index ``index``: block 1's input for 0, block ``index``'s output."""
     if index == 0:
@@ -196,8 +252,15 @@ def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
     return f"decoder block {index}" + (f" ({path})" if path else "")
 
 
-def _check_finite(model: nn.Module, blocks: nn.ModuleList, finite: dict[int, Tensor]) -> None:
-    """Raise naming the first hidden-state index whose residual holds NaN or inf."""
+def check_finite_residuals(model: nn.Module, blocks: nn.ModuleList,
+                           finite: dict[int, Tensor]) -> None:
+    """Raise naming the first hidden-state index whose residual holds NaN or inf.
+
+    ``finite`` maps hidden-state indices to a bool (or 0-dim bool tensor): all finite.
+
+    Raises:
+        FloatingPointError: naming the index, its block and what to try.
+    """
     for index in sorted(finite):
         if bool(finite[index]):
             continue
@@ -242,7 +305,7 @@ def forward_with_capture(
                                      shape=tuple(input_ids.shape[:2]), positions=positions,
                                      whole=whole) as st:
             output = model(input_ids, **forward_kwargs)
-    _check_finite(model, blocks, finite)
+    check_finite_residuals(model, blocks, finite)
     logits = output.logits if hasattr(output, "logits") else output[0]
     return st, logits
 

@@ -22,11 +22,12 @@ from tqdm.auto import tqdm
 
 from captum_iglens._distributed import Processes, processes
 from captum_iglens.architectures import context_length
-from captum_iglens.batched import AnswerJob, explain_batch
+from captum_iglens.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.document import DEFAULT_CHUNK, explain_document
 from captum_iglens.generation import generate_batch
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import render_prompt
+from captum_iglens.recorded import Recording, can_record, generate_recording
 from captum_iglens.records import Record
 from captum_iglens.results import IGLensResult
 from captum_iglens.results_file import ResultsFile, check_results_file, read_lines
@@ -240,21 +241,36 @@ class _Runner:
                 self.out.append(_error_line(record, err))
         return usable
 
-    def _generate(self, items: list[tuple[Record, AnswerJob]]) -> None:
+    def _generate(self, items: list[tuple[Record, AnswerJob]]) -> dict[int, tuple[Recording, int]]:
+        """Generate the answers; where the baseline allows, record the residuals too.
+
+        Returns ``{id(job): (recording, row)}`` for the recorded jobs.
+        """
         todo = [job for _, job in items if job.generated]
-        if todo:
-            answers = generate_batch(self.lens.model, self.tokenizer,
-                                     [job.rendered.ids for job in todo],
-                                     self.settings.max_new_tokens)
-            for job, answer in zip(todo, answers, strict=True):
-                job.answer_ids = answer
+        if not todo:
+            return {}
+        s = self.settings
+        prompts = [job.rendered.ids for job in todo]
+        baselines = s.attribute_kwargs.get("baselines", "mean")
+        recording = None
+        if can_record(baselines):
+            recording = generate_recording(self.lens, self.tokenizer, prompts,
+                                           s.max_new_tokens, baselines)
+            answers = recording.answers
+        else:
+            answers = generate_batch(self.lens.model, self.tokenizer, prompts, s.max_new_tokens)
+        for job, answer in zip(todo, answers, strict=True):
+            job.answer_ids = answer
+        if recording is None:
+            return {}
+        return {id(job): (recording, row) for row, job in enumerate(todo)}
 
     def _batch(self, unit: _Unit, start: float) -> None:
         items = self._usable(unit)
         if not items:
             return
         try:
-            self._generate(items)
+            recorded = self._generate(items)
         except Exception as err:  # noqa: BLE001 - find the failing record one at a time
             if len(items) > 1:
                 for item in items:
@@ -262,7 +278,7 @@ class _Runner:
             else:
                 self.out.append(_error_line(items[0][0], err))
             return
-        # every record of the batch shares its generation; each sub-batch, its own forward
+        # every record of the batch shares its generation; each sub-batch, its own readouts
         generation = (time.perf_counter() - start) / len(items)
         ready = []
         for record, job in items:
@@ -271,18 +287,26 @@ class _Runner:
                 ready.append((record, job))
             except ValueError as err:
                 self.out.append(_error_line(record, err))
-        for group in _groups(ready):
-            self._explain(group, generation)
+        for group in _groups(ready, recorded):
+            self._explain(group, generation, recorded)
 
-    def _explain(self, group: list[tuple[Record, AnswerJob]], generation: float) -> None:
+    def _explain(self, group: list[tuple[Record, AnswerJob]], generation: float,
+                 recorded: dict[int, tuple[Recording, int]]) -> None:
         s, start = self.settings, time.perf_counter()
+        jobs = [job for _, job in group]
         try:
-            results = explain_batch(self.lens, self.tokenizer, [job for _, job in group],
-                                    s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
+            if id(jobs[0]) in recorded:
+                recording = recorded[id(jobs[0])][0].rows([recorded[id(j)][1] for j in jobs])
+                results = explain_recorded(self.lens, self.tokenizer, recording, jobs,
+                                           s.onset_frac, s.onset_rule, s.top_k,
+                                           **s.attribute_kwargs)
+            else:
+                results = explain_batch(self.lens, self.tokenizer, jobs, s.onset_frac,
+                                        s.onset_rule, s.top_k, **s.attribute_kwargs)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             if len(group) > 1:
                 for item in group:
-                    self._explain([item], generation)
+                    self._explain([item], generation, recorded)
                 return
             self.out.append(_error_line(group[0][0], err))
             return
@@ -294,15 +318,19 @@ class _Runner:
             self.out.append(_ok_line(record, result, share))
 
 
-def _groups(items: list[tuple[Record, AnswerJob]]) -> list[list[tuple[Record, AnswerJob]]]:
-    """Sub-batches for one teacher-forced forward each: plain and contrastive apart.
+def _groups(items: list[tuple[Record, AnswerJob]],
+            recorded: dict[int, tuple[Recording, int]]) -> list[list[tuple[Record, AnswerJob]]]:
+    """Sub-batches explained together: plain and contrastive apart, recorded apart.
 
-    Answers of other lengths share a forward: only each row's own answer positions are read
-    out (:func:`~captum_iglens.batched.explain_batch`).
+    Answers of other lengths share a sub-batch: only each row's own answer positions are read
+    out (:func:`~captum_iglens.batched.explain_recorded`, and for given answers one
+    teacher-forced forward, :func:`~captum_iglens.batched.explain_batch`).
     """
-    groups = [[i for i in items if (i[1].foils is not None) == contrastive]
-              for contrastive in (False, True)]
-    return [group for group in groups if group]
+    groups: dict[tuple[bool, bool], list[tuple[Record, AnswerJob]]] = {}
+    for item in items:
+        key = (item[1].foils is not None, id(item[1]) in recorded)
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
 
 
 def _count(path: Path) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from torch import nn
 
 from captum_iglens._inputs import LayerSpec
 from captum_iglens.architectures import display_name
+from captum_iglens.batched import AnswerJob, explain_recorded
 from captum_iglens.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import (
@@ -20,6 +21,7 @@ from captum_iglens.prompts import (
     target_token_id,
     target_token_ids,
 )
+from captum_iglens.recorded import can_record, generate_recording
 from captum_iglens.residual import input_device
 from captum_iglens.results import IGLensResult
 from captum_iglens.results.from_output import AnswerSpec, result_from_output
@@ -155,10 +157,13 @@ def explain(
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
 
     Applies the tokenizer's chat template when it has one (``chat_template=True``), generates
-    with transformers' ``generate`` (plain greedy, KV cache, stops at the end token), then
-    explains all answer tokens with one teacher-forced forward over prompt + answer
-    (``use_cache=False``). The result records the exact rendered prompt, whether the answer
-    was truncated at ``max_new_tokens``, and per token whether it is the argmax of the
+    with transformers' ``generate`` (plain greedy, KV cache, stops at the end token) while
+    recording the residual stream of its own passes (:mod:`captum_iglens.recorded`), and
+    explains every answer token from them: no second forward, and each token is the argmax
+    of the pass that is attributed. With a ``target`` (or a tensor or reference-ids
+    baseline) the answer is explained with one teacher-forced forward over prompt + answer
+    (``use_cache=False``) instead. The result records the exact rendered prompt, whether the
+    answer was truncated at ``max_new_tokens``, and per token whether it is the argmax of the
     explained forward (a warning names generated tokens that are not).
 
     Args:
@@ -251,6 +256,18 @@ def _explain_one(
 ) -> IGLensResult:
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
     foils = foil_ids(tokenizer, contrast)
+    baselines = attribute_kwargs.get("baselines", "mean")
+    if target is None and can_record(baselines):
+        # the generation's own passes are recorded: no second, teacher-forced forward
+        recording = generate_recording(lens, tokenizer, [rendered.ids], max_new_tokens,
+                                       baselines)
+        answer = recording.answers[0]
+        job = AnswerJob(prompt, rendered, answer, generated=True,
+                        foils=None if foils is None else contrast_per_token(foils, len(answer)))
+        result = explain_recorded(lens, tokenizer, recording, [job], onset_frac, onset_rule,
+                                  top_k, **attribute_kwargs)[0]
+        annotate_answer(result, model, tokenizer, rendered, True, max_new_tokens)
+        return result
     answer_ids, generated = _answer_ids(model, tokenizer, rendered, target, max_new_tokens)
     result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer,
                          onset_frac=onset_frac, prompt=prompt, lens=lens,
@@ -284,7 +301,7 @@ def _warn_not_argmax(result: IGLensResult) -> None:
     if wrong:
         warnings.warn(
             f"{len(wrong)} of {len(result.tokens)} generated tokens (positions in the answer "
-            f"{wrong[:8]}) are not the argmax of the teacher-forced forward that is attributed "
+            f"{wrong[:8]}) are not the argmax of the forward that is attributed "
             "(generation with a KV cache and the full forward differ here, e.g. by a near tie "
             "or a kernel difference); they are marked '*' in the table and is_argmax=false in "
             "the JSON.",

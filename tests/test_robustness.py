@@ -233,6 +233,18 @@ def test_nan_named_even_when_layer_not_chosen(ids: torch.Tensor) -> None:
         IGLens(model, layers=[2]).attribute(ids)
 
 
+def test_nan_named_while_generating() -> None:
+    """explain() records the generation's own passes: there too the first non-finite block
+    is named although it is not a chosen layer, and the model keeps no hook."""
+    model, tok = make_family("gpt2").eval(), word_tokenizer()
+    hooks = _hook_count(model)
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_proj.weight.fill_(float("inf"))
+    with pytest.raises(FloatingPointError, match=r"index 1 .*transformer\.h\.0"):
+        explain(model, tok, "w1 w2 w3", layers=[2], chat_template=False, max_new_tokens=3)
+    assert _hook_count(model) == hooks
+
+
 def test_nan_in_readout_is_reported(ids: torch.Tensor) -> None:
     model = make_family("llama")
     with torch.no_grad():

@@ -37,11 +37,12 @@ from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLens
 from captum_iglens.architectures import max_sequence_length
-from captum_iglens.batched import AnswerJob, explain_batch
+from captum_iglens.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.cli import main
 from captum_iglens.document import document_positions, explain_document
 from captum_iglens.generation import generate_batch
 from captum_iglens.prompts import render_prompt
+from captum_iglens.recorded import generate_recording
 from captum_iglens.records import read_records
 from captum_iglens.results_file import read_lines
 from captum_iglens.run import RunSettings, run_records
@@ -341,14 +342,14 @@ def test_a_failing_generation_fails_its_record_only(loaded, tmp_path, monkeypatc
     import captum_iglens.run as run_module
 
     model, tok = loaded
-    real = run_module.generate_batch
+    real = run_module.generate_recording
 
-    def failing(model, tokenizer, prompt_ids, max_new_tokens):
+    def failing(lens, tokenizer, prompt_ids, max_new_tokens, baselines):
         if any(5 + 4 in ids for ids in prompt_ids):  # the prompt holding w5
             raise RuntimeError("generation broke on w5")
-        return real(model, tokenizer, prompt_ids, max_new_tokens)
+        return real(lens, tokenizer, prompt_ids, max_new_tokens, baselines)
 
-    monkeypatch.setattr(run_module, "generate_batch", failing)
+    monkeypatch.setattr(run_module, "generate_recording", failing)
     records = read_records(write_jsonl(tmp_path / "d.jsonl", [
         {"id": "a", "prompt": "w1 w2"}, {"id": "b", "prompt": "w5 w6"},
         {"id": "c", "prompt": "w7 w8"}]))
@@ -405,6 +406,47 @@ def test_batch_rows_equal_each_prompt_alone(tiny, contrastive):
             # meaningful: the credits stand well above the bound (padding that is attended
             # moves the padded rows' credits here by their own size, 2e-2)
             assert row.attributions.abs().max() > 20 * bounds["credit"].max()
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "bloom", "falcon_h1",
+                                    "recurrent_gemma"])
+@pytest.mark.parametrize("contrastive", [False, True])
+def test_recorded_generation_equals_teacher_forcing_alone(family, contrastive):
+    """Residuals recorded while generating (prompt pass, then one KV-cached pass per token)
+    give each prompt's teacher-forced result alone, within the whole-model bound of two
+    forward passes of other shapes, for families with tuple outputs, learned or ALiBi
+    positions, soft-capped logits and recurrent / state-space blocks. The answers are
+    generate_batch's, every token is the argmax of the attributed pass, and the model holds
+    no hook afterwards."""
+    model, tok = make_tiny(family, n_layers=3).eval(), word_tokenizer()
+    lens = IGLens(model)
+    rng = random.Random(11)
+    prompts = [words(rng, n) for n in (6, 2, 4)]
+    rendered = [render_prompt(tok, p, chat_template=False) for p in prompts]
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    recording = generate_recording(lens, tok, [r.ids for r in rendered], 5)
+    assert recording.answers == generate_batch(model, tok, [r.ids for r in rendered], 5)
+    assert hooks == sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+                        for m in model.modules())
+    jobs = []
+    for prompt, r, answer in zip(prompts, rendered, recording.answers, strict=True):
+        foils = [(a + 1 + t) % 128 for t, a in enumerate(answer)] if contrastive else None
+        jobs.append(AnswerJob(prompt, r, answer, foils=foils, generated=True))
+    rows = explain_recorded(lens, tok, recording, jobs, top_k=2)
+    for job, row in zip(jobs, rows, strict=True):
+        alone = explain_ids(model, job.rendered.ids, job.answer_ids, tokenizer=tok,
+                            prompt=job.prompt, lens=lens, contrast=job.foils, top_k=2)
+        assert row.input_ids == alone.input_ids and row.positions == alone.positions
+        assert all(row.is_argmax)
+        bounds = answer_bounds(lens, alone.input_ids, alone.positions, alone.token_ids,
+                               job.foils)
+        got, want = result_tokens(row), result_tokens(alone)
+        if not all(alone.is_argmax):  # a near tie the teacher-forced pass breaks otherwise
+            for token in got + want:
+                token.pop("is_argmax", None)
+        assert_tokens_close(got, want, bounds)
+        assert row.attributions.abs().max() > 20 * bounds["credit"].max()
 
 
 def test_generate_batch_equals_one_prompt_at_a_time(tiny):

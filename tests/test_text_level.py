@@ -160,3 +160,25 @@ def test_top_k_tokens_per_layer() -> None:
     assert result.top_k_ids[:, -1, 0].tolist() == logits[result.positions].argmax(-1).tolist()
     data = result.to_dict()
     assert data["tokens"][0]["top_k"][-1][0]["token"] == result.top_k_tokens[0][-1][0]
+
+
+def test_generated_answer_is_explained_from_its_own_passes() -> None:
+    """A generated answer costs the generation's passes only (one per answer token): the
+    residuals are recorded there, not in a second, teacher-forced forward; a given target
+    costs exactly that one forward. (That both give the same numbers, within the bound of two
+    forwards of other shapes: test_run.test_recorded_generation_equals_teacher_forcing_alone.)
+    """
+    model, tok = make_family("llama").eval(), word_tokenizer()
+    calls: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _m, _a: calls.append(1))
+    try:
+        generated = _quiet_explain(model, tok, "w3 w9 w4", max_new_tokens=4,
+                                   chat_template=False)
+        n_generated, calls[:] = len(calls), []
+        forced = _quiet_explain(model, tok, "w3 w9 w4", target=generated.token_ids,
+                                chat_template=False)
+    finally:
+        handle.remove()
+    assert n_generated == len(generated.token_ids) and len(calls) == 1
+    assert generated.generated and not forced.generated and all(generated.is_argmax)
+    assert forced.token_ids == generated.token_ids
