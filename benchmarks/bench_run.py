@@ -9,7 +9,9 @@ prompts (chat template, greedy answers, IG-Lens over all 30 blocks):
 1. ``explain`` one prompt at a time (the Python API a user would loop over);
 2. ``run_records`` (what ``iglens run`` calls), batched;
 3. batched greedy generation alone (``generate_batch``) of the same prompts in the same
-   batches: what the attribution adds on top of producing the answers.
+   batches: what the attribution adds on top of producing the answers;
+4. the lens readouts alone for as many path nodes as the run reads out: the least any exact
+   attribution adds to generation on this machine.
 
 Then document mode on a text of ``--document`` tokens and of twice that, each in a fresh
 subprocess so that its peak resident memory (``ru_maxrss``) is its own: every position,
@@ -101,6 +103,8 @@ def bench_batched(args: argparse.Namespace) -> None:
         n_gen += sum(len(a) for a in answers)
     t_generate = time.perf_counter() - start
 
+    t_readout, n_rows = readout_floor(lens, tokenizer, texts, report.n_tokens)
+
     rate_single, rate_batched = n_single / t_single, report.n_tokens / t_batched
     print(f"{len(texts)} prompts, max_new_tokens={args.max_new_tokens}, "
           f"batch size {args.batch_size}, all {lens.num_layers} blocks")
@@ -115,6 +119,32 @@ def bench_batched(args: argparse.Namespace) -> None:
           f"{rate_batched / rate_single:.2f}x (target >= 3x)")
     print(f"batched run / generation alone, wall time: {t_batched / t_generate:.2f}x "
           f"(target <= 1.5x); {report.n_errors} error records")
+    print(f"lens readouts alone ({n_rows} rows: {len(lens.layer_indices) + 1} path nodes per "
+          f"answer token, final norm + unembedding + log-softmax): {t_readout:.1f} s; no exact "
+          f"attribution adds less, so run / generation >= "
+          f"{(t_generate + t_readout) / t_generate:.2f}x on this machine")
+
+
+def readout_floor(lens, tokenizer, texts: list[str], n_tokens: int) -> tuple[float, int]:
+    """Seconds the lens readout alone takes for ``n_tokens`` answer tokens' path nodes.
+
+    Real residuals (every hidden state of the prompts run as one text), cycled to
+    ``n_tokens * (k + 1)`` rows and read out as IG-Lens does (chunks of ``2**24 // V``).
+    """
+    from captum_iglens.architectures import vocab_size
+    from captum_iglens.readout import chunk_rows, readout_probs
+    from captum_iglens.residual import forward_with_capture
+
+    ids = torch.tensor([tokenizer(" ".join(texts))["input_ids"][:1024]])
+    states, _ = forward_with_capture(lens.model, lens.decoder_blocks, ids, {"use_cache": False},
+                                     lens.layer_indices, None, None)
+    pool = torch.cat([states[i][0] for i in lens.layer_indices])
+    n_rows = n_tokens * (len(lens.layer_indices) + 1)
+    rows = pool[torch.arange(n_rows) % pool.shape[0]]
+    targets = torch.randint(0, vocab_size(lens.model), (n_rows,))
+    start = time.perf_counter()
+    readout_probs(lens.readout, rows, targets, chunk_rows(None, vocab_size(lens.model)))
+    return time.perf_counter() - start, n_rows
 
 
 def peak_mib() -> float:
