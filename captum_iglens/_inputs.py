@@ -22,6 +22,7 @@ __all__ = [
     "TargetSpec",
     "check_explained",
     "check_not_padding",
+    "check_top_k",
     "check_sequence_length",
     "check_token_ids",
     "forward_kwargs",
@@ -180,6 +181,16 @@ def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int
             )
         out.append(index)
     return out, single
+
+
+def check_top_k(top_k: object, vocab: Optional[int]) -> None:
+    """Refuse a ``top_k`` that is not an int in ``0..V``.
+
+    Raises:
+        ValueError: naming the value.
+    """
+    if not is_int(top_k) or not 0 <= top_k <= (vocab or top_k):  # type: ignore[operator]
+        raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
 
 
 def check_explained(explained: Optional[Tensor], batch: int, n_pos: int) -> Optional[Tensor]:

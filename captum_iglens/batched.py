@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from captum_iglens._capture import paths_from_states
-from captum_iglens._inputs import is_int
+from captum_iglens._inputs import check_top_k
 from captum_iglens._pipeline import check_estimator, output_from_path
 from captum_iglens.architectures import display_name, vocab_size
 from captum_iglens.generation import left_pad, pad_id
@@ -100,10 +100,7 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         ValueError: a job without answer, a mix of contrastive and plain jobs; and as
             :meth:`~captum_iglens.IGLens.attribute`.
     """
-    if not jobs or any(not job.answer_ids for job in jobs):
-        raise ValueError("Every job of a batch needs a non-empty answer.")
-    if len({job.foils is None for job in jobs}) > 1:
-        raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
+    _check_jobs(jobs)
     rows = [job.rendered.ids + job.answer_ids[:-1] for job in jobs]
     n_cols = max(len(job.answer_ids) for job in jobs)
     explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
@@ -120,6 +117,14 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
                                  explained=explained, **attribute_kwargs)
     return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule,
                         attribute_kwargs) for r, job in enumerate(jobs)]
+
+
+def _check_jobs(jobs: Sequence[AnswerJob]) -> None:
+    """Refuse an empty batch, a job without answer, or contrastive and plain jobs mixed."""
+    if not jobs or any(not job.answer_ids for job in jobs):
+        raise ValueError("Every job of a batch needs a non-empty answer.")
+    if len({job.foils is None for job in jobs}) > 1:
+        raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
 
 
 def _padded(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
@@ -167,15 +172,11 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
                         f"{sorted(_RECORDED_SETTINGS)}.")
     if [job.answer_ids for job in jobs] != recording.answers:
         raise ValueError("The jobs' answers are not the recording's: one job per row.")
-    if any(not job.answer_ids for job in jobs):
-        raise ValueError("Every job of a batch needs a non-empty answer.")
-    if len({job.foils is None for job in jobs}) > 1:
-        raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
+    _check_jobs(jobs)
     if any(job.foils is not None and len(job.foils) != len(job.answer_ids) for job in jobs):
         raise ValueError("Give one foil per answer token (contrast_per_token).")
     vocab = vocab_size(lens.model) or recording.logits.shape[-1]
-    if not is_int(top_k) or not 0 <= top_k <= vocab:
-        raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
+    check_top_k(top_k, vocab)
     method = attribute_kwargs.get("method", "prediction_aware")
     n_steps = attribute_kwargs.get("n_steps", 50)
     check_estimator(method, n_steps)
@@ -191,7 +192,7 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         attribute_kwargs.get("baselines", "mean"), explained, recording.mask.shape[1])
     out = output_from_path(lens, cap, method, n_steps,
                            chunk_rows(attribute_kwargs.get("internal_batch_size"), vocab),
-                           int(top_k))
+                           top_k)
     return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
                         onset_rule, attribute_kwargs) for r, job in enumerate(jobs)]
 

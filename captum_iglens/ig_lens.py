@@ -18,6 +18,7 @@ from captum_iglens._inputs import (
     LayerSpec,
     PositionSpec,
     TargetSpec,
+    check_top_k,
     is_int,
     resolve_layer_indices,
 )
@@ -296,8 +297,7 @@ class IGLens(GradientAttribution):
                 ``[B, P]`` or all False; and as :meth:`attribute`.
             TypeError: ``explained`` not a bool tensor.
         """
-        if not is_int(top_k) or not 0 <= top_k <= (vocab_size(self.model) or top_k):
-            raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
+        check_top_k(top_k, vocab_size(self.model))
         out, _ = self._run(
             inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, int(top_k), contrast, explained,

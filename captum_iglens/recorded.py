@@ -110,13 +110,15 @@ def generate_recording(lens: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[
     needed, whole = recorded_layers(lens.layer_indices, baselines)
     readout = lens.readout
     device = execution_device(readout) if isinstance(readout, torch.nn.Module) else None
-    passes: dict[int, list[Tensor]] = {}
-    with record_residual_steps(blocks, needed, device, whole, passes) as steps:
+    # every block is recorded at its predicting positions, chosen or not, so that the first
+    # non-finite one can be named
+    every = set(range(len(blocks) + 1))
+    with record_residual_steps(blocks, every, device, whole) as steps:
         answers, out, prompt_mask = greedy_generate(
             model, tokenizer, prompt_ids, max_new_tokens, output_logits=True,
             return_dict_in_generate=True)
     n_steps = len(out.logits)
-    counts = {len(calls) for calls in passes.values()}
+    counts = {len(calls) for calls in steps.values()}
     if counts != {n_steps}:
         raise RuntimeError(f"generate ran {sorted(counts)} forward passes for {n_steps} "
                            "generated tokens: this decoding cannot be recorded.")
@@ -127,13 +129,12 @@ def generate_recording(lens: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[
     mask = torch.cat([prompt_mask.cpu(), answer_real.long()], dim=1)
     logits = torch.stack(out.logits, dim=1)
     explained = torch.arange(n_steps)[None] < lengths[:, None]
-    # every block at each explained position (the first non-finite one is named, chosen or
-    # not), and the baseline's layer at every real position
-    finite = {index: bool(torch.stack(flags, dim=1)[explained].all())
-              for index, flags in passes.items()}
-    for index in whole:
-        finite[index] &= bool(torch.isfinite(states[index][mask.bool().to(
-            states[index].device)]).all())
+    # every block at each explained position, the baseline's layer at every real position
+    finite = {}
+    for index, state in states.items():
+        real = (mask if index in whole else explained).bool().to(state.device)
+        finite[index] = bool(torch.isfinite(state[real]).all())
     check_finite_residuals(model, blocks, finite)
+    states = {index: state for index, state in states.items() if index in needed}
     return Recording(answers, states, mask.to(prompt_mask.device),
                      logits.to(device) if device is not None else logits, width)
