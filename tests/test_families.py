@@ -152,3 +152,37 @@ def test_known_family_with_missing_norm_raises() -> None:
     del model.model.norm
     with pytest.raises(UnknownArchitectureError, match="model_type='llama'.*'model.norm'"):
         IGLens(model)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_generated_answer_is_recorded(family: str) -> None:
+    """Recording the generation's own passes works for every family (KV caches of every
+    kind: sliding windows, recurrent and state-space blocks, tuple outputs): the greedy
+    answers are generate_batch's, one recorded pass per answer token, every token the
+    argmax of its pass, Invariant R checked against the recorded logits, the credits add
+    up to delta_p, and no hook is left. (Equality with teacher forcing, within the bound of
+    two forwards of other shapes: test_run.test_recorded_generation_equals_teacher_forcing_alone.)
+    """
+    from _tolerance import completeness_tol
+    from tiny_tokenizer import word_tokenizer
+
+    from captum_iglens.batched import AnswerJob, explain_recorded
+    from captum_iglens.generation import generate_batch
+    from captum_iglens.prompts import render_prompt
+    from captum_iglens.recorded import generate_recording
+
+    model, tok = _build(family).eval(), word_tokenizer()
+    lens = IGLens(model)
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    rendered = [render_prompt(tok, p, chat_template=False) for p in ("w3 w9 w4 w2", "w7")]
+    recording = generate_recording(lens, tok, [r.ids for r in rendered], 3)
+    assert recording.answers == generate_batch(model, tok, [r.ids for r in rendered], 3)
+    assert recording.logits.shape[1] == max(len(a) for a in recording.answers)
+    jobs = [AnswerJob(f"p{i}", r, a, generated=True)
+            for i, (r, a) in enumerate(zip(rendered, recording.answers, strict=True))]
+    for row in explain_recorded(lens, tok, recording, jobs):
+        assert all(row.is_argmax)
+        delta_p = row.p_final - row.p_baseline
+        assert (row.convergence_delta.abs() <= completeness_tol(row.attributions, delta_p)).all()
+    assert hooks == sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+                        for m in model.modules())
