@@ -203,7 +203,12 @@ def check_explained(explained: Optional[Tensor], batch: int, n_pos: int) -> Opti
     if explained is None:
         return None
     if not isinstance(explained, Tensor) or explained.dtype != torch.bool:
-        raise TypeError(f"explained must be a bool tensor [B, P], got {explained!r}.")
+        got = (f"a {explained.dtype} tensor" if isinstance(explained, Tensor)
+               else type(explained).__name__)
+        raise TypeError(f"explained must be a bool tensor [B, P], got {got}.")
+    if explained.is_meta:
+        raise ValueError("explained is on the meta device: give its values (a CPU or "
+                         "accelerator bool tensor).")
     if tuple(explained.shape) != (batch, n_pos):
         raise ValueError(f"explained has shape {tuple(explained.shape)}, expected "
                          f"[{batch}, {n_pos}]: one flag per row and explained position.")

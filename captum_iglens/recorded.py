@@ -9,18 +9,22 @@ Those are exactly the positions IG-Lens explains, so the attribution needs only 
 The recorded residuals are those of the forward that produced each token: every generated
 token is its argmax. They equal a teacher-forced forward's up to kernel rounding (attention
 over a KV cache instead of the whole sequence), and the model's logits at each step are
-kept for the readout check (Invariant R, arXiv:2606.29693).
+kept for the readout check (Invariant R, arXiv:2606.29693). Families whose generation passes
+are not their plain forward (:data:`~captum_iglens._families.UNRECORDED_GENERATION`) are not
+recorded; their answers are teacher-forced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from captum_iglens._capture import recorded_layers
+from captum_iglens._families import UNRECORDED_GENERATION
+from captum_iglens.architectures import model_type
 from captum_iglens.baselines import BaselineSpec
 from captum_iglens.generation import greedy_generate
 from captum_iglens.residual import (
@@ -36,8 +40,14 @@ __all__ = ["Recording", "can_record", "generate_recording"]
 RECORDABLE_BASELINES = ("mean", "zero", "embedding")
 
 
-def can_record(baselines: BaselineSpec) -> bool:
-    """Whether paths from ``baselines`` can be built from a recording."""
+def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bool:
+    """Whether paths from ``baselines`` (for ``model``) can be built from a recording.
+
+    Families in :data:`~captum_iglens._families.UNRECORDED_GENERATION`, whose generation
+    passes are not their plain forward, cannot.
+    """
+    if model is not None and model_type(model) in UNRECORDED_GENERATION:
+        return False
     return isinstance(baselines, str) and baselines in RECORDABLE_BASELINES
 
 
@@ -97,28 +107,30 @@ def generate_recording(lens: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[
         Recording: answers, residuals, mask and logits.
 
     Raises:
-        ValueError: ``max_new_tokens < 1``, a prompt too long for the model, or a baseline
-            :func:`can_record` refuses.
-        FloatingPointError: NaN or inf in a recorded residual of a real token.
+        ValueError: ``max_new_tokens < 1``, a prompt too long for the model, or a model or
+            baseline :func:`can_record` refuses.
+        FloatingPointError: NaN or inf in the residual of a real token (the first such
+            block named, chosen or not).
         ResidualShapeError: a decoder block's output is not a ``[B, s, d]`` residual stream.
         RuntimeError: ``generate`` ran another number of passes than it made tokens.
     """
+    model, blocks = lens.model, lens.decoder_blocks
+    if model_type(model) in UNRECORDED_GENERATION:
+        raise ValueError(f"{model_type(model)} cannot be recorded while generating "
+                         f"({UNRECORDED_GENERATION[model_type(model)]}): use teacher forcing.")
     if not can_record(baselines):
         raise ValueError(f"baselines={baselines!r} cannot be recorded while generating: use "
                          f"one of {RECORDABLE_BASELINES}, or teacher forcing.")
-    model, blocks = lens.model, lens.decoder_blocks
     needed, whole = recorded_layers(lens.layer_indices, baselines)
     readout = lens.readout
     device = execution_device(readout) if isinstance(readout, torch.nn.Module) else None
-    # every block is recorded at its predicting positions, chosen or not, so that the first
-    # non-finite one can be named
-    every = set(range(len(blocks) + 1))
-    with record_residual_steps(blocks, every, device, whole) as steps:
+    passes: dict[int, list[Tensor]] = {}  # every block, chosen or not: name the first NaN
+    with record_residual_steps(blocks, needed, device, whole, passes) as steps:
         answers, out, prompt_mask = greedy_generate(
             model, tokenizer, prompt_ids, max_new_tokens, output_logits=True,
             return_dict_in_generate=True)
     n_steps = len(out.logits)
-    counts = {len(calls) for calls in steps.values()}
+    counts = {len(calls) for calls in passes.values()}
     if counts != {n_steps}:
         raise RuntimeError(f"generate ran {sorted(counts)} forward passes for {n_steps} "
                            "generated tokens: this decoding cannot be recorded.")
@@ -128,13 +140,10 @@ def generate_recording(lens: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[
     answer_real = torch.arange(n_steps - 1)[None] < (lengths[:, None] - 1)
     mask = torch.cat([prompt_mask.cpu(), answer_real.long()], dim=1)
     logits = torch.stack(out.logits, dim=1)
-    explained = torch.arange(n_steps)[None] < lengths[:, None]
-    # every block at each explained position, the baseline's layer at every real position
-    finite = {}
-    for index, state in states.items():
-        real = (mask if index in whole else explained).bool().to(state.device)
-        finite[index] = bool(torch.isfinite(state[real]).all())
+    # every block at every real position (prompt and answer), as a teacher-forced forward
+    real = mask.bool()
+    finite = {index: bool(torch.cat([f.cpu() for f in flags], dim=1)[real].all())
+              for index, flags in passes.items()}
     check_finite_residuals(model, blocks, finite)
-    states = {index: state for index, state in states.items() if index in needed}
     return Recording(answers, states, mask.to(prompt_mask.device),
                      logits.to(device) if device is not None else logits, width)

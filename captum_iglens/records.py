@@ -88,8 +88,11 @@ def _problem(data: dict[str, Any]) -> Optional[str]:
     if has_prompt == has_text:
         return "a record needs exactly one of \"prompt\" and \"text\""
     body = data.get("prompt") if has_prompt else data.get("text")
-    if not isinstance(body, str) or not body.strip():
-        return f"the {'prompt' if has_prompt else 'text'} is empty: give some text"
+    name = "prompt" if has_prompt else "text"
+    if not isinstance(body, str):
+        return f"\"{name}\" must be text (a JSON string), got {type(body).__name__} {body!r:.40}"
+    if not body.strip():
+        return f"the {name} is empty: give some text"
     if data.get("answer") is not None and data.get("target") is not None:
         return "give \"answer\" or \"target\", not both"
     if data.get("answer") is not None and not isinstance(data["answer"], str):

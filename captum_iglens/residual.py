@@ -182,6 +182,7 @@ def record_residual_steps(
     layer_indices: Iterable[int],
     device: Optional[torch.device] = None,
     whole: Iterable[int] = (),
+    finite: Optional[dict[int, list[Tensor]]] = None,
 ) -> Iterator[dict[int, list[Tensor]]]:
     """Record ``h_l`` at every forward pass while open (generation: prompt, then each step).
 
@@ -191,6 +192,8 @@ def record_residual_steps(
         device (torch.device, optional): Where the recorded residuals are moved.
         whole (iterable of int): Indices recorded at every position of each pass; the others
             only at its last position (where the next token is predicted).
+        finite (dict, optional): Filled for *every* index ``0..n`` with one ``[B, s]`` bool
+            per pass: whether each position's residual is finite.
 
     Yields:
         dict[int, list[Tensor]]: per index, one tensor per pass: ``[B, s, d]`` (``whole``) or
@@ -208,13 +211,16 @@ def record_residual_steps(
         if index == 0:  # the first block's input opens every pass
             shape[:] = [tuple(hidden.shape[:2])]
         _check_shape(index, hidden, shape[0], blocks[max(index - 1, 0)])
+        if finite is not None:
+            finite.setdefault(index, []).append(torch.isfinite(hidden.detach()).all(-1))
         if index in wanted:
             hidden = hidden.detach() if index in full else hidden.detach()[:, -1:]
             store[index].append(hidden.to(device) if device is not None else hidden)
 
+    indices = set(range(len(blocks) + 1)) if finite is not None else wanted | {0}
     handles: list = []
     try:
-        for index in sorted(wanted | {0}):
+        for index in sorted(indices):
             handles.append(_register(blocks, index, keep))
         yield store
     finally:

@@ -253,7 +253,7 @@ class _Runner:
         prompts = [job.rendered.ids for job in todo]
         baselines = s.attribute_kwargs.get("baselines", "mean")
         recording = None
-        if can_record(baselines):
+        if can_record(baselines, self.lens.model):
             recording = generate_recording(self.lens, self.tokenizer, prompts,
                                            s.max_new_tokens, baselines)
             answers = recording.answers

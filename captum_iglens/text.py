@@ -257,7 +257,7 @@ def _explain_one(
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
     foils = foil_ids(tokenizer, contrast)
     baselines = attribute_kwargs.get("baselines", "mean")
-    if target is None and can_record(baselines):
+    if target is None and can_record(baselines, model):
         # the generation's own passes are recorded: no second, teacher-forced forward
         recording = generate_recording(lens, tokenizer, [rendered.ids], max_new_tokens,
                                        baselines)

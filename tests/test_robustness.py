@@ -245,6 +245,19 @@ def test_nan_named_while_generating() -> None:
     assert _hook_count(model) == hooks
 
 
+def test_nan_at_an_early_prompt_position_named_while_generating() -> None:
+    """An inf embedding row of the prompt's first token: the recorded passes name the
+    embedding (index 0), as a teacher-forced forward does, not the first block whose output
+    at the last position it reaches."""
+    model, tok = make_family("llama").eval(), word_tokenizer()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[tok.convert_tokens_to_ids("w1")] = float("inf")
+    for target in (None, "w4 w5"):
+        with pytest.raises(FloatingPointError, match=r"hidden-state index 0 \(the embedding"):
+            explain(model, tok, "w1 w2 w3", target=target, chat_template=False,
+                    max_new_tokens=3)
+
+
 def test_nan_in_readout_is_reported(ids: torch.Tensor) -> None:
     model = make_family("llama")
     with torch.no_grad():

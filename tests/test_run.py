@@ -409,14 +409,13 @@ def test_batch_rows_equal_each_prompt_alone(tiny, contrastive):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "bloom", "falcon_h1",
-                                    "recurrent_gemma"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "bloom", "falcon_h1", "mpt"])
 @pytest.mark.parametrize("contrastive", [False, True])
 def test_recorded_generation_equals_teacher_forcing_alone(family, contrastive):
     """Residuals recorded while generating (prompt pass, then one KV-cached pass per token)
     give each prompt's teacher-forced result alone, within the whole-model bound of two
     forward passes of other shapes, for families with tuple outputs, learned or ALiBi
-    positions, soft-capped logits and recurrent / state-space blocks. The answers are
+    positions, soft-capped logits and state-space blocks. The answers are
     generate_batch's, every token is the argmax of the attributed pass, and the model holds
     no hook afterwards."""
     model, tok = make_tiny(family, n_layers=3).eval(), word_tokenizer()
@@ -590,12 +589,14 @@ def test_read_records_ids_meta_and_text_files(tmp_path):
         {"prompt": "w1", "text": "w2"},
         {"id": 3.5, "prompt": "w1"},
         "[1, 2]",
+        {"id": "n", "prompt": 42},
     ])
     records = read_records(path)
     # default: the line number; a line that cannot be read: "line-<number>" (no clash)
-    assert [r.id for r in records] == [1, "x", 4, 5, "line-6", "line-7"]
-    assert [r.index for r in records] == list(range(6))
-    first, forced, doc, both, bad_id, array = records
+    assert [r.id for r in records] == [1, "x", 4, 5, "line-6", "line-7", "n"]
+    assert [r.index for r in records] == list(range(7))
+    first, forced, doc, both, bad_id, array, number = records
+    assert number.error == '"prompt" must be text (a JSON string), got int 42'
     assert first.meta == {"source": "a", "score": [1, 2]} and first.error is None
     assert forced.answer == "w4 w5" and forced.positions == [0] and forced.meta == {}
     assert doc.is_document and doc.contrast == [9] and not first.is_document
