@@ -72,19 +72,23 @@ def _arrays(record: dict, layers: list[int]) -> _Arrays:
 
 # ----------------------------------------------------------------------------- checks
 def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
-    """What must agree between records: (layers, units, contrastive).
-
-    A record is contrastive when it says so (``"contrastive": true``) or a token names its
-    foil (``"contrast_id"``).
-    """
+    """What must agree between records: (layers, units, :func:`is_contrastive`)."""
     try:
         layers = tuple(int(i) for i in record["layers"])
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"record {record_label(record)}: no valid 'layers' list ({err})") from err
+    return layers, str(record.get("units", "probability")), is_contrastive(record)
+
+
+def is_contrastive(record: dict) -> bool:
+    """Whether a result record explains ``p(y) - p(foil)``.
+
+    It does when it says so (``"contrastive": true``) or a token names its foil
+    (``"contrast_id"``).
+    """
     tokens = record.get("tokens") or ()
-    contrastive = bool(record.get("contrastive")) or any(
+    return bool(record.get("contrastive")) or any(
         isinstance(t, dict) and "contrast_id" in t for t in tokens)
-    return layers, str(record.get("units", "probability")), contrastive
 
 
 def _kind_words(kind: tuple[tuple[int, ...], str, bool]) -> str:
@@ -111,8 +115,9 @@ def _check_compatible(records: Sequence[dict]) -> tuple[tuple[int, ...], str, bo
         parts.append(f"{_kind_words(kind)}: ids {shown}")
     raise ValueError(
         "cannot pool records whose credits are not comparable (they differ in layers, units "
-        f"or contrastive mode): {'; '.join(parts)}. Summarize them separately: write each "
-        "group's lines to its own file and run 'iglens summarize' on each"
+        f"or contrastive mode): {'; '.join(parts)}. Summarize them separately: "
+        "'iglens summarize --only plain' and '--only contrastive' for a run mixing the two; "
+        "otherwise write each group's lines to its own file and summarize each"
     )
 
 

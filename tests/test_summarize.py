@@ -321,6 +321,29 @@ def test_cli_writes_json_plot_and_html(lines, tmp_path, capsys, no_load) -> None
     assert "torn-record" not in page
 
 
+def test_cli_only_splits_a_run_mixing_contrastive_and_plain(lines, tmp_path, capsys,
+                                                              no_load) -> None:
+    """One run's file with contrastive and plain records: refused as a whole (pointing to
+    --only), and each --only summary equals summarizing that group's records alone."""
+    foiled = []
+    for i, line in enumerate(lines):
+        if i in (1, 5):
+            line = copy.deepcopy(line)
+            line["tokens"] = [dict(t, contrast_id=7, contrast_token="w3") for t in line["tokens"]]
+        foiled.append(line)
+    path = write(tmp_path / "mixed.jsonl", foiled + ERRORS)
+    assert main(["summarize", path, "--n-boot", "50"]) == 1
+    assert "--only plain" in capsys.readouterr().err
+    for only, picked in (("plain", [0, 2, 3, 4, 6, 7]), ("contrastive", [1, 5])):
+        out = str(tmp_path / f"{only}.json")
+        assert main(["summarize", path, "--only", only, "--json", out, "--n-boot", "50"]) == 0
+        capsys.readouterr()
+        data = json.loads(open(out, encoding="utf-8").read())
+        direct = summarize([foiled[i] for i in picked], ERRORS, n_boot=50).to_dict()
+        assert data == {"results": path, **json.loads(json.dumps(direct))}
+        assert data["records_ok"] == len(picked) and data["records_failed"] == 2
+
+
 def check_html(page: str, lines: list[dict]) -> None:
     """Self-contained, every id present, images decodable, anchors resolve, text escaped."""
     for entry in lines + ERRORS:

@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bootstrap resamples of the confidence intervals (default: 1000)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--only", choices=("plain", "contrastive"), default=None,
+                        help="summarize only the plain or only the contrastive records of a "
+                        "run that holds both (their credits cannot be pooled); error records "
+                        "are reported either way")
     opts.add_check(parser, _check_results)
     opts.add_check(parser, _check_html)
 
@@ -100,9 +104,11 @@ def run(args: argparse.Namespace) -> int:
         OSError: the file cannot be read or an output cannot be written (exit status 1).
     """
     from captum_iglens.results_file import load_results
-    from captum_iglens.summary import summarize
+    from captum_iglens.summary import is_contrastive, summarize
 
     records, errors, torn = load_results(args.results)
+    if args.only is not None:
+        records = [r for r in records if is_contrastive(r) == (args.only == "contrastive")]
     summary = summarize(records, errors, n_boot=args.n_boot, seed=args.seed, torn=torn)
     print(f"results: {opts.echo(str(args.results))}")
     print(summary.format())
