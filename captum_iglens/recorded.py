@@ -11,7 +11,8 @@ token is its argmax. They equal a teacher-forced forward's up to kernel rounding
 over a KV cache instead of the whole sequence), and the model's logits at each step are
 kept for the readout check (Invariant R, arXiv:2606.29693). Families whose generation passes
 are not their plain forward (:data:`~captum_iglens._families.UNRECORDED_GENERATION`) are not
-recorded; their answers are teacher-forced.
+recorded, nor are float64 models (``generate`` returns float32 logits); their answers are
+teacher-forced.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from captum_iglens.generation import greedy_generate
 from captum_iglens.residual import (
     check_finite_residuals,
     execution_device,
+    model_dtype,
     record_residual_steps,
 )
 
@@ -44,11 +46,22 @@ def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bo
     """Whether paths from ``baselines`` (for ``model``) can be built from a recording.
 
     Families in :data:`~captum_iglens._families.UNRECORDED_GENERATION`, whose generation
-    passes are not their plain forward, cannot.
+    passes are not their plain forward, cannot; nor can float64 models (``generate`` returns
+    float32 logits, too coarse for their readout check).
     """
-    if model is not None and model_type(model) in UNRECORDED_GENERATION:
+    if model is not None and _unrecordable(model) is not None:
         return False
     return isinstance(baselines, str) and baselines in RECORDABLE_BASELINES
+
+
+def _unrecordable(model: nn.Module) -> Optional[str]:
+    """Why ``model``'s generation cannot be recorded, or ``None``."""
+    if model_type(model) in UNRECORDED_GENERATION:
+        return f"{model_type(model)}: {UNRECORDED_GENERATION[model_type(model)]}"
+    if model_dtype(model) == torch.float64:
+        # generate hands back its logits in float32: too coarse for a float64 model's check
+        return "a float64 model: generate returns float32 logits"
+    return None
 
 
 @dataclass
@@ -115,9 +128,10 @@ def generate_recording(lens: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[
         RuntimeError: ``generate`` ran another number of passes than it made tokens.
     """
     model, blocks = lens.model, lens.decoder_blocks
-    if model_type(model) in UNRECORDED_GENERATION:
-        raise ValueError(f"{model_type(model)} cannot be recorded while generating "
-                         f"({UNRECORDED_GENERATION[model_type(model)]}): use teacher forcing.")
+    reason = _unrecordable(model)
+    if reason is not None:
+        raise ValueError(f"This model cannot be recorded while generating ({reason}): use "
+                         "teacher forcing.")
     if not can_record(baselines):
         raise ValueError(f"baselines={baselines!r} cannot be recorded while generating: use "
                          f"one of {RECORDABLE_BASELINES}, or teacher forcing.")

@@ -182,3 +182,15 @@ def test_generated_answer_is_explained_from_its_own_passes() -> None:
     assert n_generated == len(generated.token_ids) and len(calls) == 1
     assert generated.generated and not forced.generated and all(generated.is_argmax)
     assert forced.token_ids == generated.token_ids
+
+
+def test_float64_generated_answer_is_teacher_forced() -> None:
+    """generate returns float32 logits, too coarse for a float64 model's readout check
+    (1e-9): a float64 model's generated answer is explained by teacher forcing, in float64,
+    exactly as when the same answer is given."""
+    model, tok = make_family("gpt2").eval().to(torch.float64), word_tokenizer()
+    generated = _quiet_explain(model, tok, "w1 w2 w3", max_new_tokens=3, chat_template=False)
+    forced = _quiet_explain(model, tok, "w1 w2 w3", target=generated.token_ids,
+                            chat_template=False)
+    assert generated.generated and generated.attributions.dtype == torch.float64
+    assert torch.equal(generated.attributions, forced.attributions)
