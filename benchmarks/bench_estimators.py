@@ -25,6 +25,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from captum_iglens import IGLens
+from captum_iglens._pipeline import capture_lens_path
 from captum_iglens.estimators import ESTIMATORS, grid_probs, node_probs
 from captum_iglens.models import load_model
 from captum_iglens.readout import chunk_rows, readout_probs
@@ -101,7 +102,7 @@ def main() -> None:
     delta_p = details.p_final - details.p_baseline
 
     # 2. Estimators alone, side by side on one captured residual stream (same forward).
-    cap = lens._capture(ids, target, positions, "mean", None)
+    cap = capture_lens_path(lens, ids, target, positions, "mean", None)
     chunk = chunk_rows(None, 49152)
     layers = cap.path.nodes[:, :, 1:]
     hidden = layers.reshape(-1, layers.shape[-1])

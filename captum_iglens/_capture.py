@@ -22,10 +22,9 @@ from captum_iglens._inputs import (
     check_token_ids,
     forward_kwargs,
     forward_parameters,
-    normalise_contrast,
     normalise_positions,
-    normalise_target,
 )
+from captum_iglens._targets import normalise_contrast, normalise_target
 from captum_iglens.architectures import max_sequence_length, vocab_size
 from captum_iglens.baselines import (
     MEAN_BASELINE_LAYER,

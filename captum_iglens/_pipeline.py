@@ -9,13 +9,15 @@ own distribution, the chosen estimator's credits, and the convergence delta
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._capture import PathCapture
-from captum_iglens._inputs import is_int
+from captum_iglens._capture import PathCapture, capture_path
+from captum_iglens._inputs import PositionSpec, TargetSpec, is_int
+from captum_iglens.architectures import vocab_size
+from captum_iglens.baselines import BaselineSpec
 from captum_iglens.estimators import (
     ESTIMATORS,
     METHODS,
@@ -24,11 +26,12 @@ from captum_iglens.estimators import (
     node_probs,
     warn_if_not_converged,
 )
-from captum_iglens.readout import check_readout, readout_top_k
+from captum_iglens.readout import check_readout, chunk_rows, readout_top_k
 from captum_iglens.residual import model_dtype
 from captum_iglens.results import IGLensOutput
 
-__all__ = ["check_estimator", "convergence_delta", "output_from_path"]
+__all__ = ["capture_lens_path", "check_estimator", "convergence_delta", "delta_of",
+           "output_from_path", "readout_chunk", "run_lens"]
 
 
 def check_estimator(method: str, n_steps: object) -> None:
@@ -150,3 +153,69 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
     if top_k:
         out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
     return out
+
+
+def readout_chunk(lens: nn.Module, internal_batch_size: Optional[int]) -> int:
+    """Readout rows per chunk for ``lens`` (see :func:`~captum_iglens.readout.chunk_rows`)."""
+    return chunk_rows(internal_batch_size, vocab_size(lens.model) or 1)
+
+
+def capture_lens_path(
+    lens: nn.Module, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
+    baselines: BaselineSpec, additional_forward_args: Any, contrast: TargetSpec = None,
+    explained: Optional[Tensor] = None,
+) -> PathCapture:
+    """The path of ``lens`` (its model, blocks, readout and chosen layers) on ``inputs``.
+
+    See :func:`~captum_iglens._capture.capture_path`.
+    """
+    return capture_path(lens.model, lens.decoder_blocks, lens.readout, lens.layer_indices,
+                        inputs, target, positions, baselines, additional_forward_args,
+                        contrast, explained)
+
+
+def run_lens(
+    lens: nn.Module, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
+    additional_forward_args: Any, n_steps: int, method: str,
+    internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
+    contrast: TargetSpec = None, explained: Optional[Tensor] = None,
+) -> tuple[IGLensOutput, bool]:
+    """Capture the path, read it out, check Invariant R, run the estimator.
+
+    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`.
+
+    Returns:
+        (output, single): the :class:`IGLensOutput` and whether one int position was given.
+    """
+    check_estimator(method, n_steps)
+    cap = capture_lens_path(lens, inputs, target, positions, baselines,
+                            additional_forward_args, contrast, explained)
+    out = output_from_path(lens, cap, method, n_steps, readout_chunk(lens, internal_batch_size),
+                           top_k)
+    return out, cap.single
+
+
+def delta_of(attributions: Tensor, out: IGLensOutput, single: bool) -> Tensor:
+    """``attributions.sum(-1) - (f(h_n) - f(b))`` against ``out``'s path ends.
+
+    Args:
+        attributions (Tensor): ``[B, k]`` (``single``) or ``[B, P, k]`` credits.
+        out (IGLensOutput): The lens's output on the same inputs.
+        single (bool): One int position was given.
+
+    Returns:
+        Tensor: ``[B]`` (``single``) or ``[B, P]``.
+
+    Raises:
+        ValueError: ``attributions`` of another shape.
+    """
+    k = len(out.layer_indices)
+    attr = attributions[:, None] if single else attributions
+    if tuple(attr.shape) != (*out.p_final.shape, k):
+        expected = [attr.shape[0]] if single else list(out.p_final.shape)
+        raise ValueError(
+            f"attributions has shape {tuple(attributions.shape)}, expected "
+            f"{[*expected, k]}: one credit per chosen layer ({k}) per explained position."
+        )
+    delta = convergence_delta(attr.to(out.p_final.device), out.p_final, out.p_baseline)
+    return delta[:, 0] if single else delta

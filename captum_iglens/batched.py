@@ -16,12 +16,12 @@ import torch
 
 from captum_iglens._capture import paths_from_states
 from captum_iglens._inputs import check_top_k
-from captum_iglens._pipeline import check_estimator, output_from_path
+from captum_iglens._pipeline import check_estimator, output_from_path, readout_chunk
 from captum_iglens.architectures import display_name, vocab_size
 from captum_iglens.generation import left_pad, pad_id
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import RenderedPrompt
-from captum_iglens.readout import ModelDistribution, chunk_rows
+from captum_iglens.readout import ModelDistribution
 from captum_iglens.recorded import Recording
 from captum_iglens.residual import input_device
 from captum_iglens.results import IGLensResult
@@ -192,8 +192,7 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         _padded([job.foils for job in jobs], n_cols) if foils else None,
         attribute_kwargs.get("baselines", "mean"), explained, recording.mask.shape[1])
     out = output_from_path(lens, cap, method, n_steps,
-                           chunk_rows(attribute_kwargs.get("internal_batch_size"), vocab),
-                           top_k)
+                           readout_chunk(lens, attribute_kwargs.get("internal_batch_size")), top_k)
     return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
                         onset_rule, attribute_kwargs) for r, job in enumerate(jobs)]
 

@@ -33,9 +33,9 @@ from captum_iglens._inputs import (
     forward_parameters,
     is_int,
     normalise_positions,
-    normalise_target,
     position_ids_from_mask,
 )
+from captum_iglens._targets import normalise_target
 from captum_iglens.architectures import display_name, input_embeddings, vocab_size
 from captum_iglens.baselines import BaselineSpec, describe_input_baseline, input_baseline_ids
 from captum_iglens.ig_lens import IGLens

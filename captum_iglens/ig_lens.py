@@ -13,7 +13,6 @@ from captum.attr import GradientAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from captum_iglens._capture import PathCapture, capture_path
 from captum_iglens._inputs import (
     LayerSpec,
     PositionSpec,
@@ -22,7 +21,7 @@ from captum_iglens._inputs import (
     is_int,
     resolve_layer_indices,
 )
-from captum_iglens._pipeline import check_estimator, convergence_delta, output_from_path
+from captum_iglens._pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
 from captum_iglens.architectures import input_embeddings, resolve_decoder_blocks, vocab_size
 from captum_iglens.baselines import BASELINES, BaselineSpec
 from captum_iglens.estimators import (
@@ -31,11 +30,7 @@ from captum_iglens.estimators import (
     grid_probs,
 )
 from captum_iglens.onset import onset_layer_indices
-from captum_iglens.readout import (
-    ReadoutMismatchError,
-    chunk_rows,
-    resolve_readout,
-)
+from captum_iglens.readout import ReadoutMismatchError, resolve_readout
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
@@ -246,8 +241,8 @@ class IGLens(GradientAttribution):
             >>> attr = lens.attribute(ids, ref, target)    # adds up to F(x) - F(x')
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
-        out, single = self._run(
-            inputs, baselines, target, additional_forward_args, n_steps, method,
+        out, single = run_lens(
+            self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, contrast=contrast,
         )
         attributions, delta = out.attributions, out.convergence_delta
@@ -298,8 +293,8 @@ class IGLens(GradientAttribution):
             TypeError: ``explained`` not a bool tensor.
         """
         check_top_k(top_k, vocab_size(self.model))
-        out, _ = self._run(
-            inputs, baselines, target, additional_forward_args, n_steps, method,
+        out, _ = run_lens(
+            self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, int(top_k), contrast, explained,
         )
         return out
@@ -343,19 +338,10 @@ class IGLens(GradientAttribution):
             ValueError: ``attributions`` of another shape; and as :meth:`attribute`.
         """
         base = "mean" if start_point is None else start_point
-        out, single = self._run(end_point, base, target, additional_forward_args, 2,
-                                "prediction_aware", internal_batch_size, positions,
-                                contrast=contrast)
-        k = len(self.layer_indices)
-        attr = attributions[:, None] if single else attributions
-        if tuple(attr.shape) != (*out.p_final.shape, k):
-            expected = [attr.shape[0]] if single else list(out.p_final.shape)
-            raise ValueError(
-                f"attributions has shape {tuple(attributions.shape)}, expected "
-                f"{[*expected, k]}: one credit per chosen layer ({k}) per explained position."
-            )
-        delta = convergence_delta(attr.to(out.p_final.device), out.p_final, out.p_baseline)
-        return delta[:, 0] if single else delta
+        out, single = run_lens(self, end_point, base, target, additional_forward_args, 2,
+                               "prediction_aware", internal_batch_size, positions,
+                               contrast=contrast)
+        return delta_of(attributions, out, single)
 
     def path_probabilities(
         self,
@@ -383,10 +369,10 @@ class IGLens(GradientAttribution):
         """
         if not is_int(n_steps) or n_steps < 1:
             raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
-        cap = self._capture(inputs, target, positions, baselines, additional_forward_args,
-                            contrast)
+        cap = capture_lens_path(self, inputs, target, positions, baselines,
+                                additional_forward_args, contrast)
         path = replace(cap.path, log=self.units == "log-probability")
-        return grid_probs(self.readout, path, n_steps, self._chunk(internal_batch_size))
+        return grid_probs(self.readout, path, n_steps, readout_chunk(self, internal_batch_size))
 
     def onset_layers(
         self, attributions: Tensor, frac: float = 0.5, rule: str = "sustained"
@@ -404,30 +390,3 @@ class IGLens(GradientAttribution):
             Tensor: ``[...]`` int64 hidden-state indices (values of ``layer_indices``).
         """
         return onset_layer_indices(attributions, self.layer_indices, frac, rule)
-
-    # ------------------------------------------------------------------ the computation
-    def _run(
-        self, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
-        additional_forward_args: Any, n_steps: int, method: str,
-        internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
-        contrast: TargetSpec = None, explained: Optional[Tensor] = None,
-    ) -> tuple[IGLensOutput, bool]:
-        """Capture the path, read it out, check Invariant R, run the estimator."""
-        check_estimator(method, n_steps)
-        cap = self._capture(inputs, target, positions, baselines, additional_forward_args,
-                            contrast, explained)
-        out = output_from_path(self, cap, method, n_steps, self._chunk(internal_batch_size),
-                               top_k)
-        return out, cap.single
-
-    def _chunk(self, internal_batch_size: Optional[int]) -> int:
-        return chunk_rows(internal_batch_size, vocab_size(self.model) or 1)
-
-    def _capture(
-        self, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
-        baselines: BaselineSpec, additional_forward_args: Any, contrast: TargetSpec = None,
-        explained: Optional[Tensor] = None,
-    ) -> PathCapture:
-        return capture_path(self.model, self.decoder_blocks, self.readout, self.layer_indices,
-                            inputs, target, positions, baselines, additional_forward_args,
-                            contrast, explained)
