@@ -142,6 +142,7 @@ def test_bad_arguments_and_model_state() -> None:
 def test_half_precision_checks_are_capped_not_vacuous() -> None:
     model = make_tiny("llama", seed=3, n_layers=2).eval().to(torch.bfloat16)
     ablation = BlockAblation(model)
+    # exact: a constant the code sets, no arithmetic
     assert ablation.tolerance == 2e-2  # 256 bfloat16 eps would be 2.0
     trace = ablation.trace(torch.arange(12))
     out = ablation.ablate(trace, [5, 11], torch.tensor([3, 4]), ("zero",))

@@ -113,6 +113,7 @@ def test_minicpm3_divides_the_hidden_state_before_its_head() -> None:
     model = _build("MiniCPM3Config", "MiniCPM3ForCausalLM",
                    **_llama_like(dim_model_base=16, q_lora_rank=16, kv_lora_rank=16,
                                  qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16))
+    # exact: the value this test wrote into the config
     assert model.config.logits_scaling == 4.0
     ids = torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(7))
     probs = _model_probs(model, ids)
@@ -294,6 +295,7 @@ def test_gemma3_multimodal_reads_out_as_its_own_forward() -> None:
     not soft-cap although its text config names a cap of 3.0: the readout follows the forward,
     and a readout that soft-caps is refused."""
     model = make_family("gemma3").eval()
+    # exact: the value this test wrote into the config
     assert model.config.text_config.final_logit_softcapping == 3.0
     lens = IGLens(model)
     assert lens.decoder_blocks is model.model.language_model.layers

@@ -189,6 +189,7 @@ def test_train_mode_dropout_and_state(ids: torch.Tensor) -> None:
     result; the mixed train/eval flags, requires_grad flags and .grad come back untouched
     and no hook is left, for the default and a gradient estimator."""
     model = make_tiny("gpt2")
+    # exact: the config's own default, no arithmetic
     assert model.config.resid_pdrop == 0.1 and model.training
     model.transformer.h[0].eval()  # a user's mix of modes must survive
     model.transformer.wte.weight.requires_grad_(False)

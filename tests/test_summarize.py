@@ -154,6 +154,7 @@ def test_per_layer_mean_and_completeness_equal_direct_computations(results, line
     # the JSON holds float(float32) values: the means agree up to float64 summation order
     np.testing.assert_allclose(summary.mean_credit, direct["credits"].mean(0), rtol=1e-12,
                                atol=1e-15)
+    # exact: the max of the same float values, no rounding
     assert summary.max_abs_convergence_delta == float(np.abs(direct["delta"]).max())
     worst = int(np.abs(direct["delta"]).argmax())
     lengths = np.cumsum([len(r.tokens) for r in results])

@@ -27,10 +27,12 @@ def test_a_predictor_equal_to_the_drop_is_perfect() -> None:
     drops = np.random.default_rng(0).standard_normal((40, 30))
     m = token_metrics(drops.copy(), half_point(drops.cumsum(1)), drops)
     assert np.allclose(m["spearman"], 1.0)
+    # exact: means of 0/1 indicators of 40 rows are exact in float64
     assert m["top1"].mean() == 1.0 and m["top3"].mean() == 1.0
     assert np.allclose(m["pct_top"], 100 * (1 - 0.5 / 30))  # the largest of 30
     assert np.all(m["onset_dist"] == 0)
     reverse = token_metrics(-drops, np.zeros(40, dtype=int), drops)
+    # exact: a mean of all-zero indicators
     assert np.allclose(reverse["spearman"], -1.0) and reverse["top1"].mean() == 0.0
 
 
@@ -51,12 +53,14 @@ def test_cluster_bootstrap_resamples_prompts() -> None:
     groups = [np.arange(10), np.arange(10, 21)]
     table = cluster_bootstrap(values, np.array([False]), groups, n_boot=500, seed=3)
     stat, low, high = table[0]
+    # exact: means of constant 1.0 / 3.0 values are exact
     assert stat == 2.0 and low == 1.0 and high == 3.0  # one prompt resampled twice: 1 or 3
     again = cluster_bootstrap(values, np.array([False]), groups, n_boot=500, seed=3)
     assert np.array_equal(table, again)
     assert np.isnan(cluster_bootstrap(values, np.array([True]), [], 10)).all()
     rates = cluster_bootstrap(np.array([[1.0], [0.0], [0.0], [1.0]]), np.array([True]),
                               [np.array([0, 1]), np.array([2, 3])], 100)
+    # exact: a mean of 0/1 indicators
     assert rates[0, 0] == 0.5
 
 
