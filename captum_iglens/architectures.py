@@ -33,6 +33,7 @@ __all__ = [
     "ModelParts",
     "UnknownArchitectureError",
     "context_length",
+    "check_context",
     "display_name",
     "input_embeddings",
     "locate_parts",
@@ -256,6 +257,34 @@ def context_length(model: nn.Module) -> Optional[int]:
             return value
     return None
 
+
+
+def check_context(model: nn.Module, n_prompt: int, n_answer: int, *, generated: bool) -> None:
+    """Refuse a prompt and answer that do not fit the model's trained context.
+
+    The one context rule of every text entry point (``explain``, ``explain_ids``,
+    ``iglens run``): the prompt plus the answer (for a generated answer, plus
+    ``max_new_tokens``, the most it can grow to) must fit :func:`context_length`.
+    Beyond it a rotary model still runs, but its numbers are extrapolation.
+
+    Args:
+        model (nn.Module): The causal LM.
+        n_prompt (int): Prompt tokens (chat template included).
+        n_answer (int): Answer tokens, or ``max_new_tokens`` when ``generated``.
+        generated (bool): Whether ``n_answer`` is a generation budget.
+
+    Raises:
+        ValueError: naming both lengths, the context and what to shorten.
+    """
+    limit = context_length(model)
+    needed = n_prompt + n_answer
+    if limit is None or needed <= limit:
+        return
+    what = f"max_new_tokens={n_answer}" if generated else f"the {n_answer}-token answer"
+    shorten = "lower max_new_tokens" if generated else "shorten the answer"
+    raise ValueError(f"The prompt is {n_prompt} tokens; with {what} that is {needed} tokens, "
+                     f"but this model's context is {limit} tokens: shorten the prompt or "
+                     f"{shorten}.")
 
 def display_name(model: nn.Module) -> str:
     """The model's name for results: the last part of ``config._name_or_path``.

@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from captum_iglens._distributed import Processes, processes
-from captum_iglens.architectures import context_length
+from captum_iglens.architectures import check_context
 from captum_iglens.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.document import DEFAULT_CHUNK, explain_document
 from captum_iglens.generation import generate_batch
@@ -168,13 +168,9 @@ def _plan(records: Sequence[Record], tokenizer: Any, settings: RunSettings) -> l
     return units
 
 
-def _check_length(job: AnswerJob, limit: Optional[int], max_new_tokens: int) -> None:
-    needed = len(job.rendered.ids) + (max_new_tokens if job.generated else len(job.answer_ids))
-    if limit is not None and needed > limit:
-        what = f"max_new_tokens={max_new_tokens}" if job.generated else "the answer"
-        raise ValueError(f"The prompt is {len(job.rendered.ids)} tokens; with {what} that is "
-                         f"{needed} tokens, but this model's context is {limit} tokens: "
-                         "shorten the prompt or lower max_new_tokens.")
+def _check_length(job: AnswerJob, model: nn.Module, max_new_tokens: int) -> None:
+    n_answer = max_new_tokens if job.generated else len(job.answer_ids)
+    check_context(model, len(job.rendered.ids), n_answer, generated=job.generated)
 
 
 def _finish_job(job: AnswerJob, record: Record) -> None:
@@ -202,7 +198,6 @@ class _Runner:
     def __init__(self, lens: IGLens, tokenizer: Any, settings: RunSettings,
                  out: ResultsFile) -> None:
         self.lens, self.tokenizer, self.settings, self.out = lens, tokenizer, settings, out
-        self.limit = context_length(lens.model)
         self.tokens = 0
 
     def run(self, unit: _Unit) -> None:
@@ -235,7 +230,7 @@ class _Runner:
             try:
                 if error is not None or job is None:
                     raise ValueError(error or "unreadable record")
-                _check_length(job, self.limit, self.settings.max_new_tokens)
+                _check_length(job, self.lens.model, self.settings.max_new_tokens)
                 usable.append((record, job))
             except ValueError as err:
                 self.out.append(_error_line(record, err))

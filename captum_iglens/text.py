@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from captum_iglens._inputs import LayerSpec
-from captum_iglens.architectures import display_name
+from captum_iglens.architectures import check_context, display_name
 from captum_iglens.batched import AnswerJob, explain_recorded
 from captum_iglens.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
 from captum_iglens.ig_lens import IGLens
@@ -84,13 +84,16 @@ def explain_ids(
         and per token whether it is the argmax of the explained forward.
 
     Raises:
-        ValueError: empty prompt or answer, a contrast of the wrong length; and as
+        ValueError: empty prompt or answer, a contrast of the wrong length, prompt plus
+            answer beyond the model's context
+            (:func:`~captum_iglens.architectures.check_context`); and as
             :meth:`~captum_iglens.IGLens.attribute`.
     """
     if not prompt_ids:
         raise ValueError("The prompt has no tokens: give some text to explain.")
     if not answer_ids:
         raise ValueError("The answer has no tokens: nothing to explain.")
+    check_context(model, len(prompt_ids), len(answer_ids), generated=False)
     lens = lens if lens is not None else IGLens(model, layers=layers)
     device = input_device(model)
     full = list(prompt_ids) + list(answer_ids)
@@ -200,7 +203,10 @@ def explain(
         IGLensResult (or a list of them, one per prompt, for several prompts).
 
     Raises:
-        ValueError: empty prompt or target, no prompts, or the model generated no token.
+        ValueError: empty prompt or target, no prompts, the model generated no token, or
+            the prompt plus ``max_new_tokens`` (or the target) beyond the model's context
+            (the same rule as ``iglens run``:
+            :func:`~captum_iglens.architectures.check_context`).
 
     Examples::
 
@@ -256,6 +262,8 @@ def _explain_one(
 ) -> IGLensResult:
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
     foils = foil_ids(tokenizer, contrast)
+    if target is None:
+        check_context(model, len(rendered.ids), max_new_tokens, generated=True)
     baselines = attribute_kwargs.get("baselines", "mean")
     if target is None and can_record(baselines, model):
         # the generation's own passes are recorded: no second, teacher-forced forward

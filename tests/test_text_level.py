@@ -194,3 +194,21 @@ def test_float64_generated_answer_is_teacher_forced() -> None:
                             chat_template=False)
     assert generated.generated and generated.attributions.dtype == torch.float64
     assert torch.equal(generated.attributions, forced.attributions)
+
+
+def test_explain_refuses_what_iglens_run_refuses_beyond_the_context() -> None:
+    """One context rule for every text entry point: explain, explain_ids and iglens run."""
+    from captum_iglens.text import explain_ids
+
+    model = make_family("llama", seed=0, n_blocks=2).eval()
+    model.config.max_position_embeddings = 12
+    tokenizer = word_tokenizer()
+    fits = " ".join(f"w{i}" for i in range(4))  # 4 tokens + 8 new = 12: fits exactly
+    result = _quiet_explain(model, tokenizer, fits, max_new_tokens=8, chat_template=False)
+    assert len(result.tokens) >= 1
+    longer = " ".join(f"w{i}" for i in range(5))
+    with pytest.raises(ValueError, match="13 tokens, but this model's context is 12"):
+        explain(model, tokenizer, longer, max_new_tokens=8, chat_template=False)
+    with pytest.raises(ValueError, match="the 8-token answer"):
+        explain_ids(model, list(range(5, 10)), list(range(10, 18)))
+    assert explain_ids(model, list(range(5, 9)), list(range(10, 18))).attributions.shape[0] == 8
