@@ -35,6 +35,7 @@ from captum_iglens._inputs import (
     normalise_positions,
     position_ids_from_mask,
 )
+from captum_iglens._progress import progress_bar
 from captum_iglens._targets import normalise_target
 from captum_iglens.architectures import display_name, input_embeddings, vocab_size
 from captum_iglens.baselines import BaselineSpec, describe_input_baseline, input_baseline_ids
@@ -148,7 +149,7 @@ def _captum_layer(ctx: _Context, name: str, label: str) -> MethodCompleteness:
             x, xb = embed(x), embed(xb)
     per_layer, deltas, times = [], [], []
     start = time.perf_counter()
-    for index in ctx.lens.layer_indices:
+    for index in progress_bar(ctx.lens.layer_indices, desc=f"Captum {label}", unit="layer"):
         t0 = time.perf_counter()
         with residual_tap(ctx.lens.decoder_blocks, index) as layer:
             algo = (LayerConductance if use_embeds else LayerIntegratedGradients)(forward, layer)

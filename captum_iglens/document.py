@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from captum_iglens._progress import progress_bar
 from captum_iglens.architectures import context_length, display_name
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import render_prompt
@@ -117,7 +118,8 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
     foils = contrast_per_token(contrast, len(chosen)) if contrast is not None else None
     sequence = torch.tensor([ids], device=input_device(lens.model))
     outputs = []
-    for begin in range(0, len(chosen), chunk):
+    starts = range(0, len(chosen), chunk)
+    for begin in progress_bar(starts, desc="document chunks", unit="chunk"):
         part = chosen[begin:begin + chunk]
         target = sequence[:, [p + 1 for p in part]]
         kwargs = dict(attribute_kwargs)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens._captum_compat import CAPTUM_APPROXIMATION_METHODS, approximation_parameters
+from captum_iglens._progress import progress_bar
 from captum_iglens.readout import Readout, pad_rows, readout_probs, readout_values
 
 __all__ = [
@@ -145,7 +146,8 @@ def _gradient(
     steps = torch.tensor(step_sizes_fn(n_steps), dtype=out_dtype, device=nodes.device)
     n_rows = starts.shape[0] * n_steps
     credits = torch.zeros(starts.shape[0], dtype=out_dtype, device=nodes.device)
-    with torch.enable_grad():
+    bar = progress_bar(total=n_rows, desc=f"IG-Lens {method} readouts", unit="row")
+    with torch.enable_grad(), bar:
         for begin in range(0, n_rows, chunk):
             rows = torch.arange(begin, min(begin + chunk, n_rows), device=nodes.device)
             seg, step = rows // n_steps, rows % n_steps
@@ -156,6 +158,7 @@ def _gradient(
             grad = grad[: rows.shape[0]]  # rows are independent: padding adds nothing
             contrib = (grad.to(out_dtype) * diffs[seg].to(out_dtype)).sum(-1) * steps[step]
             credits.index_add_(0, seg, contrib)
+            bar.update(int(rows.shape[0]))
     return credits.view(batch, n_pos, n_nodes - 1)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from torch import nn
-from tqdm.auto import tqdm
 
 from captum_iglens._distributed import Processes, processes
+from captum_iglens._progress import progress_bar
 from captum_iglens.architectures import check_context
 from captum_iglens.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.document import DEFAULT_CHUNK, explain_document
@@ -371,8 +371,9 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
     runner = _Runner(lens, tokenizer, settings, out)
     out.open()
     total = sum(len(u.records) for u in units)
-    with tqdm(total=total, unit="record", disable=not progress,
-              desc=f"iglens run [{procs.rank}]" if procs.world_size > 1 else "iglens run") as bar:
+    desc = f"iglens run [{procs.rank}]" if procs.world_size > 1 else "iglens run"
+    with progress_bar(total=total, desc=desc, unit="record", enabled=progress,
+                      leave=True) as bar:
         for unit in units:
             runner.run(unit)
             elapsed = time.perf_counter() - start

@@ -20,6 +20,7 @@ import textwrap
 import warnings
 from typing import Optional, Sequence
 
+from captum_iglens._progress import progress_bars
 from captum_iglens.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
@@ -173,7 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args = parse_args(argv)
             except SystemExit as done:  # --help, --version
                 return done.code if isinstance(done.code, int) else 0
-            return COMMANDS[args.command].run(args)
+            with progress_bars(not getattr(args, "no_progress", False)):
+                return COMMANDS[args.command].run(args)
         except UsageError as err:
             print(f"iglens: error: {err}", file=sys.stderr)
             return EXIT_USAGE

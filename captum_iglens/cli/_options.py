@@ -58,12 +58,14 @@ def parse_layers(text: str) -> list[int]:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model`` (default: the embedded SmolLM2); a path must exist."""
+    """``--model`` (default: the embedded SmolLM2; a path must exist) and ``--no-progress``."""
     parser.add_argument(
         "--model",
         default=None,
         help=f"'{DEFAULT_MODEL}' (default, embedded), a local model folder or a .gguf file",
     )
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars on stderr (they appear for work over 2 s)")
     add_check(parser, _check_model)
 
 

@@ -60,7 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-map", default=None, metavar="MAP",
                         help="load a model folder with this accelerate device map, e.g. auto "
                         "(one large model across the GPUs of one process)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     opts.add_model_options(parser)
     opts.add_layer_options(parser)
     opts.add_estimator_options(parser)
