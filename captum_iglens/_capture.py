@@ -159,7 +159,8 @@ def capture_path(
                                              mask, pos_list)
         base = ref_states[last]
     return paths_from_states(states, dist, layer_indices, pos_list, mask, tgt, contrast,
-                             baselines, explained, inputs.shape[1], single, base)
+                             baselines, explained, inputs.shape[1], single, base,
+                             position_ids=kwargs.get("position_ids"))
 
 
 def recorded_layers(layer_indices: Sequence[int],
@@ -189,6 +190,8 @@ def paths_from_states(
     seq_len: int,
     single: bool = False,
     base: Optional[Tensor] = None,
+    *,
+    position_ids: Optional[Tensor] = None,
 ) -> PathCapture:
     """The IG-Lens paths from residuals recorded in a forward pass (or while generating).
 
@@ -206,6 +209,8 @@ def paths_from_states(
         seq_len (int): ``S``.
         single (bool): One int position was asked for.
         base (Tensor, optional): ``[B, P, d]`` path starts from reference ids.
+        position_ids (Tensor, optional): ``[B, S]`` the forward's position ids: where they
+            restart a packed document begins (the ``"mean"`` baseline stays inside it).
 
     Raises:
         ValueError, TypeError: bad targets, foils or baselines.
@@ -220,7 +225,8 @@ def paths_from_states(
     if base is not None:
         name = "reference ids"
     else:
-        base = residual_baseline(baselines, states, positions, mask, hidden, seq_len)
+        base = residual_baseline(baselines, states, positions, mask, hidden, seq_len,
+                                 position_ids=position_ids)
         name = baselines if isinstance(baselines, str) else "tensor"
     path = PathNodes(torch.cat([base[:, :, None], hidden], dim=2), tgt, contrast=foil)
     return PathCapture(

@@ -23,8 +23,10 @@ __all__ = [
     "BASELINE_DESCRIPTIONS",
     "MEAN_BASELINE_LAYER",
     "BaselineSpec",
+    "causal_mean",
     "check_reference_ids",
     "describe_input_baseline",
+    "document_starts",
     "input_baseline_ids",
     "is_reference_ids",
     "residual_baseline",
@@ -39,7 +41,8 @@ MEAN_BASELINE_LAYER = 1
 
 #: What each baseline is, in words, for tables, JSON and plots.
 BASELINE_DESCRIPTIONS: dict[str, str] = {
-    "mean": "mean of h_1 (first block output) over the sequence's attended positions",
+    "mean": "causal mean of h_1 (first block output): over the attended positions up to the "
+            "explained one, in its own document",
     "zero": "the zero vector of residual space",
     "embedding": "h_0 (the embedding stream) at the same position",
     "tensor": "a residual-space tensor given by the caller",
@@ -56,25 +59,72 @@ def is_reference_ids(baselines: object) -> bool:
     )
 
 
-def _mean_baseline(first: Tensor, mask: Optional[Tensor]) -> Tensor:
-    if mask is None:
-        return first.mean(dim=1)
-    weights = mask.to(device=first.device, dtype=first.dtype)[..., None]
-    return (first * weights).sum(1) / weights.sum(1).clamp(min=1)
+def document_starts(position_ids: Optional[Tensor], shape: tuple[int, int],
+                    device: torch.device) -> Tensor:
+    """``[B, S]`` int64: the first column of the document each position belongs to.
+
+    A row packs several documents when its ``position_ids`` restart (a position id no larger
+    than the one before it, as Hugging Face packed batches write them); without
+    ``position_ids`` every row is one document that starts at column 0. Left padding
+    (position id 0 on every pad) only starts one-column documents of weight 0.
+    """
+    batch, seq_len = shape
+    cols = torch.arange(seq_len, device=device).expand(batch, seq_len)
+    if position_ids is None:
+        return torch.zeros_like(cols)
+    pos = position_ids.to(device).expand(batch, seq_len)
+    restart = torch.ones_like(cols, dtype=torch.bool)
+    restart[:, 1:] = pos[:, 1:] <= pos[:, :-1]
+    return torch.where(restart, cols, torch.zeros_like(cols)).cummax(dim=1).values
+
+
+def causal_mean(first: Tensor, mask: Optional[Tensor],
+                position_ids: Optional[Tensor] = None) -> Tensor:
+    """The running mean of ``h_1``: at each position, over the attended positions ``<= p``.
+
+    Only the position's own document counts (see :func:`document_starts`), so position
+    ``p``'s mean never reads a later token, another document packed into the row, or
+    padding. Sums run in float64 (then cast back), so a row's values do not depend on
+    padding or on the length of what follows.
+
+    Args:
+        first (Tensor): ``[B, S, d]`` residuals ``h_1``.
+        mask (Tensor, optional): ``[B, S]`` attention mask (1: real token).
+        position_ids (Tensor, optional): ``[B, S]`` position ids (packed documents).
+
+    Returns:
+        Tensor: ``[B, S, d]`` in ``first``'s dtype; a position with no attended position up
+        to it in its document gets the zero vector.
+    """
+    batch, seq_len, _ = first.shape
+    weights = (torch.ones(batch, seq_len, dtype=torch.float64, device=first.device)
+               if mask is None else mask.to(device=first.device, dtype=torch.float64))
+    total = (first.double() * weights[..., None]).cumsum(dim=1)
+    count = weights.cumsum(dim=1)
+    starts = document_starts(position_ids, (batch, seq_len), first.device)
+    before = (starts - 1).clamp(min=0)
+    has_before = (starts > 0)
+    total = total - torch.where(has_before[..., None],
+                                total.gather(1, before[..., None].expand_as(total)), 0.0)
+    count = count - torch.where(has_before, count.gather(1, before), 0.0)
+    return (total / count.clamp(min=1)[..., None]).to(first.dtype)
 
 
 def _named_baseline(
     name: str, states: dict[int, Tensor], positions: list[int], mask: Optional[Tensor],
-    hidden: Tensor,
+    hidden: Tensor, position_ids: Optional[Tensor],
 ) -> Tensor:
-    batch, n_pos, _, d = hidden.shape
     if name == "zero":
         return torch.zeros_like(hidden[:, :, 0])
     if name == "embedding":
         return states[0]
     if name == "mean":
-        mean = _mean_baseline(states[MEAN_BASELINE_LAYER], mask)
-        return mean[:, None, :].expand(batch, n_pos, d)
+        first = states[MEAN_BASELINE_LAYER]
+        # only the explained columns and what precedes them are needed
+        last = max(positions) + 1
+        ids = None if position_ids is None else position_ids[:, :last]
+        cut = None if mask is None else mask[:, :last]
+        return causal_mean(first[:, :last], cut, ids)[:, positions]
     raise ValueError(
         f"Unknown baseline {name!r}: use one of {BASELINES}, a residual-space tensor or "
         "reference token ids shaped like inputs."
@@ -88,12 +138,16 @@ def residual_baseline(
     mask: Optional[Tensor],
     hidden: Tensor,
     seq_len: int,
+    *,
+    position_ids: Optional[Tensor] = None,
 ) -> Tensor:
     """The path start ``b`` at every explained position: ``[B, P, d]``.
 
     Args:
-        baselines (str or Tensor): ``"mean"`` (mean over non-padded positions of ``h_1``,
-            the first block's output, whichever layers are chosen), ``"zero"``,
+        baselines (str or Tensor): ``"mean"`` (the causal mean of ``h_1``, the first
+            block's output, whichever layers are chosen: at position ``p`` the mean over
+            the attended positions ``<= p`` of ``p``'s own document, see
+            :func:`causal_mean`), ``"zero"``,
             ``"embedding"`` (``h_0`` at the same position), or a floating tensor of shape
             ``[d]``, ``[B, d]``, ``[B, P, d]`` or ``[B, S, d]``.
         states (dict): Captured residuals: ``h_1`` ``[B, S, d]`` at every position for
@@ -102,13 +156,15 @@ def residual_baseline(
         mask (Tensor, optional): ``[B, S]`` attention mask.
         hidden (Tensor): ``[B, P, k, d]`` residuals at the chosen layers (shape and dtype).
         seq_len (int): The input's length ``S`` (for ``[B, S, d]`` baseline tensors).
+        position_ids (Tensor, optional): ``[B, S]``; where they restart, a new document
+            begins, and ``"mean"`` reads only the explained position's own document.
 
     Raises:
         ValueError: an unknown name, a non-finite tensor or a wrong shape.
         TypeError: neither a string nor a tensor.
     """
     if isinstance(baselines, str):
-        return _named_baseline(baselines, states, positions, mask, hidden)
+        return _named_baseline(baselines, states, positions, mask, hidden, position_ids)
     if not isinstance(baselines, Tensor):
         raise TypeError(f"baselines must be a string or a tensor, got {type(baselines)}")
     batch, n_pos, _, d = hidden.shape

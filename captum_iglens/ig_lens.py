@@ -177,8 +177,10 @@ class IGLens(GradientAttribution):
             inputs (Tensor): Token ids ``[B, S]`` (int64). Left-pad batches and pass the
                 attention mask in ``additional_forward_args``.
             baselines (str or Tensor, optional): Where the path starts. ``"mean"``
-                (default; mean over non-padded positions of ``h_1``, the first block's
-                output, whichever layers are chosen), ``"zero"``,
+                (default; the causal mean of ``h_1``, the first block's output, whichever
+                layers are chosen: at position ``p`` over the non-padded positions ``<= p``
+                of ``p``'s own document, packed documents told apart by restarting
+                ``position_ids``; nothing after ``p`` is read), ``"zero"``,
                 ``"embedding"`` (``h_0`` at the same position); a floating tensor in residual
                 space of shape ``[d]``, ``[B, d]``, ``[B, P, d]`` or ``[B, S, d]``; or
                 integer *reference token ids* ``[B, S]`` as Captum users pass them to the

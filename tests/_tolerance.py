@@ -254,7 +254,7 @@ def _nodes(lens: object, inputs: Tensor, positions: list[int],
            baselines: Union[str, Tensor], mask: Optional[Tensor]) -> Tensor:
     """``[b, h_{L_1}, ..., h_{L_k}]`` at ``positions``: ``[B, P, k + 1, d]``, with the
     baseline built as IG-Lens builds it (captum_iglens.baselines): "zero", "embedding"
-    (``h_0`` there), "mean" (masked mean of ``h_1`` over positions), reference token ids
+    (``h_0`` there), "mean" (masked mean of ``h_1`` over positions ``<= p``), reference ids
     (their ``h_n`` there) or a residual-space tensor."""
     from captum_iglens.baselines import MEAN_BASELINE_LAYER
 
@@ -275,11 +275,12 @@ def _nodes(lens: object, inputs: Tensor, positions: list[int],
     elif baselines == "embedding":
         base = states[0][:, pos]
     else:
+        # causal: position p averages the attended positions 0..p only
         first = states[MEAN_BASELINE_LAYER]
         weights = (torch.ones(first.shape[:2], dtype=first.dtype) if mask is None
                    else mask.to(first.dtype))[..., None]
-        mean = (first * weights).sum(1) / weights.sum(1).clamp(min=1)
-        base = mean[:, None].expand_as(hidden[:, :, 0])
+        base = torch.stack([(first[:, :p + 1] * weights[:, :p + 1]).sum(1)
+                            / weights[:, :p + 1].sum(1).clamp(min=1) for p in pos], dim=1)
     return torch.cat([base[:, :, None], hidden], dim=2)
 
 

@@ -235,13 +235,20 @@ def test_default_baseline_does_not_depend_on_the_chosen_layers(tiny_llama, input
         assert ((out.p_baseline - outs[0].p_baseline).abs() <= tol_base).all()
         assert ((out.delta_p - outs[0].delta_p).abs() <= tol_delta).all()
     assert outs[0].delta_p.abs().max() > 1e-3  # a non-trivial total
-    # the baseline is the mean of the first block's output, not of h_0 or h_{L_1}
+    # the baseline is the causal mean of the first block's output (positions 0..p for
+    # position p), not of h_0 or h_{L_1}, nor of the whole sequence
     with capture_residual_stream(IGLens(tiny_llama).decoder_blocks, [1]) as states:
         with torch.no_grad():
             tiny_llama.eval()(input_ids, use_cache=False)
+    seq = input_ids.shape[1]
+    prefix_means = torch.stack([states[1][:, :3].mean(1), states[1].mean(1)], dim=1)
     explicit = IGLens(tiny_llama, layers=[0, 2]).attribute_details(
-        input_ids, states[1].mean(1), positions=[2, -1])
+        input_ids, prefix_means, positions=[2, seq - 1])
     assert ((explicit.p_baseline - outs[1].p_baseline).abs() <= tol_base).all()
+    whole = IGLens(tiny_llama, layers=[0, 2]).attribute_details(
+        input_ids, states[1].mean(1), positions=[2, seq - 1])
+    # position 2's baseline is not the whole sequence's mean (that read the future)
+    assert (whole.p_baseline[:, 0] - outs[1].p_baseline[:, 0]).abs().max() > 100 * tol_base.max()
 
 
 @pytest.mark.numerics
