@@ -242,7 +242,8 @@ def context_length(model: nn.Module) -> Optional[int]:
     """The longest sequence the model is meant for, or ``None`` when nothing says.
 
     Its position table (:func:`max_sequence_length`), else its config's trained context
-    (``max_position_embeddings`` and alike). Rotary models run past their trained context,
+    (``max_position_embeddings`` and alike; times ``factor`` for dynamic NTK RoPE, which is
+    configured to rescale up to that length). Rotary models run past their trained context,
     but their numbers there are extrapolation and their attention memory grows with the
     square of the length: dataset runs refuse such records instead of spending hours on them.
     """
@@ -254,8 +255,22 @@ def context_length(model: nn.Module) -> Optional[int]:
     for name in CONTEXT_ATTRIBUTES:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+            return value * _dynamic_rope_factor(config)
     return None
+
+
+def _dynamic_rope_factor(config: object) -> int:
+    """How far dynamic NTK RoPE is configured to extend the trained context (1: not at all).
+
+    A ``"dynamic"`` rope type rescales its frequencies for sequences up to ``factor`` times
+    ``max_position_embeddings``: the length it is configured for. Other scalings (``llama3``,
+    ``yarn``, ``longrope``) already state their extended length in the config.
+    """
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict) or "dynamic" not in str(params.get("rope_type", "")):
+        return 1
+    factor = params.get("factor", 1)
+    return max(1, int(factor)) if isinstance(factor, (int, float)) else 1
 
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._stateful import pristine_rope
 from captum_iglens.architectures import input_embeddings
 
 __all__ = [
@@ -347,15 +348,18 @@ def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
 
 @contextmanager
 def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
-    """Run ``model`` in eval mode and hand it back in the train/eval mode it had.
+    """Run ``model`` in eval mode, stateful parts pristine, and hand it back as it was.
 
-    Dropout must never change an attribution. The ``training`` flag of every submodule is
-    restored, so a user's mix of modes survives.
+    Dropout must never change an attribution, nor must an earlier call's state (dynamic
+    RoPE's grown frequencies, see :func:`~captum_iglens._stateful.pristine_rope`). The
+    ``training`` flag of every submodule and those states are restored, so a user's mix of
+    modes survives.
     """
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
-        yield model
+        with pristine_rope(model):
+            yield model
     finally:
         for module, mode in modes:
             module.training = mode
