@@ -33,6 +33,7 @@ __all__ = [
     "ModelParts",
     "UnknownArchitectureError",
     "context_length",
+    "strip_parallel",
     "check_context",
     "display_name",
     "input_embeddings",
@@ -57,7 +58,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     ``(*args, **kwargs)`` and the model's parts behind other attribute paths. The package keeps
     *calling* the wrapper (so compiled code and adapters run) but inspects the inner model.
     """
-    inner = model
+    inner = strip_parallel(model)
     for _ in range(8):  # wrappers of wrappers; never loops on a self-reference
         nxt = getattr(inner, "_orig_mod", None)
         if not isinstance(nxt, nn.Module):
@@ -67,6 +68,27 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             break
         inner = nxt
     return inner
+
+
+#: Multi-device wrappers whose ``module`` is the model: IG-Lens runs the inner model itself.
+PARALLEL_WRAPPERS: tuple[type, ...] = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+
+
+def strip_parallel(model: nn.Module) -> nn.Module:
+    """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` (else ``model``).
+
+    These wrappers exist to split a training batch across devices and to synchronise
+    gradients; attribution needs neither, and their ``forward(*inputs, **kwargs)`` hides the
+    model's signature (a left-padded row then lost its ``position_ids``), their replicas do
+    not run the hooks that capture the residual stream, and they have no ``generate``. Every
+    entry point (``IGLens``, ``explain``, ``compare_completeness``, ``run_records``,
+    ``validate``) runs the wrapped model itself, on the device it lives on.
+    """
+    inner = model
+    while isinstance(inner, PARALLEL_WRAPPERS):
+        inner = inner.module
+    return inner
+
 
 _MISSING = object()
 

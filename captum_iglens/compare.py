@@ -37,7 +37,12 @@ from captum_iglens._inputs import (
 )
 from captum_iglens._progress import progress_bar
 from captum_iglens._targets import normalise_target
-from captum_iglens.architectures import display_name, input_embeddings, vocab_size
+from captum_iglens.architectures import (
+    display_name,
+    input_embeddings,
+    strip_parallel,
+    vocab_size,
+)
 from captum_iglens.baselines import BaselineSpec, describe_input_baseline, input_baseline_ids
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.residual import input_device, model_state_preserved, residual_tap
@@ -289,6 +294,7 @@ def compare_completeness(
         ValueError: ``inputs`` not ``[1, S]``, an unknown method, a bad position or target,
             a reference token with a zero embedding, ``n_steps < 2``.
         TypeError: a float or boolean target or position, non-integer ids.
+        RuntimeError: called inside ``torch.inference_mode()`` (Captum needs autograd).
 
     Examples::
 
@@ -298,6 +304,12 @@ def compare_completeness(
         >>> print(report)                         # one table, one column per method
         >>> report["ig_lens"].completeness_gap    # <= 1e-6
     """
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            "compare_completeness runs Captum's gradient methods, which need autograd, but "
+            "torch.inference_mode() is on: call it outside inference_mode (torch.no_grad() "
+            "is fine; Captum turns gradients on where it needs them).")
+    model = strip_parallel(model)
     methods = tuple(DEFAULT_COMPARE_METHODS if methods is None else methods)
     _check_settings(methods, n_steps, inputs)
     inputs = check_token_ids(inputs, vocab_size(model)).to(input_device(model))

@@ -22,7 +22,12 @@ from captum_iglens._inputs import (
     resolve_layer_indices,
 )
 from captum_iglens._pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
-from captum_iglens.architectures import input_embeddings, resolve_decoder_blocks, vocab_size
+from captum_iglens.architectures import (
+    input_embeddings,
+    resolve_decoder_blocks,
+    strip_parallel,
+    vocab_size,
+)
 from captum_iglens.baselines import BASELINES, BaselineSpec
 from captum_iglens.estimators import (
     METHODS,
@@ -110,6 +115,7 @@ class IGLens(GradientAttribution):
             ValueError: a layer out of range, given twice, or not a decoder block.
             TypeError: a layer of another type (e.g. a string other than ``"all"``).
         """
+        model = strip_parallel(model)
         GradientAttribution.__init__(self, model)
         self.model = model
         self.decoder_blocks = (

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from captum_iglens._inputs import LayerSpec
-from captum_iglens.architectures import check_context, display_name
+from captum_iglens.architectures import check_context, display_name, strip_parallel
 from captum_iglens.batched import AnswerJob, explain_recorded
 from captum_iglens.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
 from captum_iglens.ig_lens import IGLens
@@ -89,6 +89,7 @@ def explain_ids(
             (:func:`~captum_iglens.architectures.check_context`); and as
             :meth:`~captum_iglens.IGLens.attribute`.
     """
+    model = strip_parallel(model)
     if not prompt_ids:
         raise ValueError("The prompt has no tokens: give some text to explain.")
     if not answer_ids:
@@ -215,6 +216,7 @@ def explain(
         >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."],
         ...                   method="gausslegendre", n_steps=64)
     """
+    model = strip_parallel(model)
     lens = IGLens(model, layers=layers, units=units)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
                     chat_template=chat_template, target=target, lens=lens, top_k=top_k,
