@@ -23,9 +23,10 @@ from captum_iglens._inputs import (
     forward_kwargs,
     forward_parameters,
     normalise_positions,
+    warn_if_unmasked_padding,
 )
 from captum_iglens._targets import normalise_contrast, normalise_target
-from captum_iglens.architectures import max_sequence_length, vocab_size
+from captum_iglens.architectures import max_sequence_length, unwrap_model, vocab_size
 from captum_iglens.baselines import (
     MEAN_BASELINE_LAYER,
     BaselineSpec,
@@ -141,6 +142,8 @@ def capture_path(
     check_sequence_length(max_sequence_length(model), inputs, kwargs)
     explained = check_explained(explained, inputs.shape[0], len(pos_list))
     check_not_padding(mask, pos_list, explained)
+    config = getattr(unwrap_model(model), "config", None)
+    warn_if_unmasked_padding(inputs, pos_list, getattr(config, "pad_token_id", None), mask)
     needed, whole = recorded_layers(layer_indices, baselines)
     # Only the explained positions need the model's own logits: skip the unembedding
     # elsewhere where the model supports it.

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from captum_iglens.architectures import unwrap_model
 
 __all__ = [
+    "warn_if_unmasked_padding",
     "LayerSpec",
     "PositionSpec",
     "TargetSpec",
@@ -340,3 +341,29 @@ def check_not_padding(mask: Optional[Tensor], positions: list[int],
             "explain positions of real tokens; with left padding, negative positions such as "
             "-1 address the last tokens of every row."
         )
+
+
+def warn_if_unmasked_padding(inputs: Tensor, positions: list[int], pad_id: Optional[int],
+                             mask: Optional[Tensor]) -> None:
+    """Warn when, with no attention mask, an explained position holds the pad token id.
+
+    Right-padded ids passed without their mask would explain the prediction *after* the
+    pads; the model's ``config.pad_token_id`` names them. (A warning, not an error: some
+    models pad with their end token, which a real text can also hold.)
+
+    Args:
+        inputs (Tensor): ``[B, S]`` token ids.
+        positions (list of int): The explained positions.
+        pad_id (int, optional): ``config.pad_token_id`` (``None``: nothing to check).
+        mask (Tensor, optional): The attention mask; with one, padding is refused elsewhere.
+    """
+    if mask is not None or pad_id is None or not isinstance(pad_id, int):
+        return
+    hits = (inputs[:, positions] == pad_id).nonzero()
+    if hits.numel():
+        row, col = hits[0].tolist()
+        warnings.warn(
+            f"Position {positions[col]} of row {row} holds the pad token id {pad_id} and no "
+            "attention mask was given: if these ids are padded, pass the attention mask "
+            "(additional_forward_args=mask) so that the real tokens are explained.",
+            stacklevel=4)

@@ -10,6 +10,7 @@ so the result's "input tokens" are layer names and Captum's ``plot_token_attr()`
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional, Union
 
 import torch
@@ -139,6 +140,8 @@ class LLMIGLensAttribution(LLMGradientAttribution):
     ) -> IGLensLLMAttributionResult:
         prompt_ids = inp.to_model_input().to(self.device).reshape(1, -1)
         reference = inp.to_model_input(torch.zeros_like(inp.to_tensor())).to(self.device)
+        keep = _without_appended_end(self.tokenizer, prompt_ids[0].tolist())
+        prompt_ids, reference = prompt_ids[:, :keep], reference.reshape(1, -1)[:, :keep]
         answer = target_tokens[None, :-1]
         ids = torch.cat([prompt_ids, answer], dim=1)
         passed.setdefault("baselines", torch.cat([reference.reshape(1, -1), answer], dim=1))
@@ -159,3 +162,21 @@ class LLMIGLensAttribution(LLMGradientAttribution):
             convergence_delta=out.convergence_delta[0].detach().float().cpu(),
             baseline=out.baseline,
         )
+
+
+def _without_appended_end(tokenizer: Any, ids: list[int]) -> int:
+    """How many of the prompt ids to keep: all but an end token the tokenizer appended.
+
+    A tokenizer with ``add_eos_token=True`` ends every ``TextTokenInput`` with ``</s>``; the
+    first target would then be explained as the prediction after the end token. It is
+    dropped (prompt and reference alike) with a warning.
+    """
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if len(ids) > 1 and eos is not None and ids[-1] == eos:
+        warnings.warn(
+            f"The TextTokenInput ends with the end token id {eos} that the tokenizer appends "
+            "(add_eos_token=True): it is dropped, so that the first target is explained as "
+            "the prompt's continuation, not the prediction after the end of the text.",
+            stacklevel=4)
+        return len(ids) - 1
+    return len(ids)

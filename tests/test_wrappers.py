@@ -4,6 +4,8 @@ calls that cannot work."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from _tolerance import f32_tol, node_sensitivity, reduction_length
@@ -46,3 +48,38 @@ def test_compare_completeness_in_inference_mode_says_what_to_do() -> None:
     model = make_tiny("llama")
     with torch.inference_mode(), pytest.raises(RuntimeError, match="outside inference_mode"):
         compare_completeness(model, torch.tensor([[3, 4, 5, 6]]), layers=[1, 3])
+
+
+def test_right_padded_ids_without_their_mask_warn() -> None:
+    model = make_tiny("llama").eval()
+    model.config.pad_token_id = 0
+    ids = torch.tensor([[5, 6, 7, 0, 0]])  # right padded, mask forgotten
+    with pytest.warns(UserWarning, match="pad token id 0 and no attention mask"):
+        IGLens(model).attribute(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # with the mask, or at a real token: no warning
+        IGLens(model).attribute(ids, additional_forward_args=torch.tensor([[1, 1, 1, 0, 0]]),
+                                positions=2)
+        IGLens(model).attribute(ids, positions=2)
+
+
+def test_captum_text_input_with_an_appended_end_token_explains_the_prompt() -> None:
+    from captum.attr import TextTokenInput
+    from tiny_tokenizer import word_tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    from captum_iglens import LLMIGLensAttribution
+
+    model = make_tiny("llama").eval()
+    plain, with_eos = word_tokenizer(), word_tokenizer()
+    with_eos._tokenizer.post_processor = TemplateProcessing(
+        single="$A <eos>", special_tokens=[("<eos>", with_eos.eos_token_id)])
+    assert with_eos("w1 w2 w3")["input_ids"][-1] == with_eos.eos_token_id
+    lens = IGLens(model)
+    want = LLMIGLensAttribution(lens, plain).attribute(
+        TextTokenInput("w1 w2 w3", plain, baselines="w9"), target=torch.tensor([20, 21]))
+    with pytest.warns(UserWarning, match="it is dropped"):
+        got = LLMIGLensAttribution(lens, with_eos).attribute(
+            TextTokenInput("w1 w2 w3", with_eos, baselines="w9"), target=torch.tensor([20, 21]))
+    # the same ids through the same calls once the end token is dropped: bit for bit
+    assert torch.equal(got.token_attr, want.token_attr)
