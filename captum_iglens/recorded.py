@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from captum_iglens._capture import recorded_layers
 from captum_iglens._families import UNRECORDED_GENERATION
-from captum_iglens.architectures import model_type
+from captum_iglens.architectures import model_type, unwrap_model
 from captum_iglens.baselines import BaselineSpec
 from captum_iglens.generation import greedy_generate
 from captum_iglens.residual import (
@@ -61,6 +61,14 @@ def _unrecordable(model: nn.Module) -> Optional[str]:
     if model_dtype(model) == torch.float64:
         # generate hands back its logits in float32: too coarse for a float64 model's check
         return "a float64 model: generate returns float32 logits"
+    config = getattr(unwrap_model(model), "config", None)
+    config = getattr(config, "text_config", None) or config
+    shared = getattr(config, "num_kv_shared_layers", 0)
+    if isinstance(shared, int) and shared > 0:
+        # Gemma-4: generate's prompt pass keeps only the last position before the layers
+        # that reuse an earlier layer's keys and values
+        return (f"{shared} KV-shared layers: generate's prompt pass keeps only the last "
+                "position before them")
     return None
 
 

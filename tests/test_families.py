@@ -212,3 +212,31 @@ def test_recurrent_gemma_answers_are_teacher_forced() -> None:
         alone = explain(model, tok, "w86", target=second.token_ids, chat_template=False)
     assert torch.equal(second.attributions, alone.attributions)
     assert torch.equal(second.p_final, alone.p_final)
+
+
+def test_gemma4_kv_shared_layers_are_teacher_forced() -> None:
+    """Gemma-4 with KV-shared layers: generate's prompt pass keeps only the last position
+    before the shared layers, so its passes cannot be recorded (a generated explain used to
+    fail with ResidualShapeError); the answer is teacher-forced and equals an explicit
+    teacher-forced run of the same answer, bit for bit (the same forward)."""
+    import transformers as tf
+    from tiny_families import SPECS
+    from tiny_tokenizer import word_tokenizer
+
+    from captum_iglens import explain
+    from captum_iglens.recorded import can_record
+
+    config_name, model_name, kwargs = SPECS["gemma4_text"]
+    args = {**kwargs(), "num_hidden_layers": 4, "num_kv_shared_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"] * 2}
+    torch.manual_seed(0)
+    model = getattr(tf, model_name)(getattr(tf, config_name)(**args)).eval()
+    assert not can_record("mean", model)
+    tok = word_tokenizer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        generated = explain(model, tok, "w3 w4 w5 w6", max_new_tokens=3, chat_template=False)
+        forced = explain(model, tok, "w3 w4 w5 w6", target=generated.token_ids,
+                         chat_template=False)
+    assert len(generated.token_ids) == 3
+    assert torch.equal(generated.attributions, forced.attributions)
