@@ -36,8 +36,8 @@ from captum_iglens._ablation_hooks import (
     target_probs,
 )
 
-__all__ = ["KINDS", "AblationCheckError", "AblationOutput", "BlockAblation", "ResidualTrace",
-           "mean_updates"]
+__all__ = ["KINDS", "AblationCheckError", "AblationOutput", "BlockAblation", "ReferenceSetError",
+           "ResidualTrace", "mean_updates"]
 
 #: Ablation kinds, in the order :meth:`BlockAblation.ablate` reports them.
 KINDS: tuple[str, ...] = ("zero", "mean", "resample")
@@ -54,6 +54,21 @@ CHECK_TOLERANCE_CAP = 2e-2
 
 class AblationCheckError(RuntimeError):
     """A built-in consistency check of the ablation failed (the message names which)."""
+
+
+class ReferenceSetError(ValueError):
+    """Too few reference positions for ``mean`` ablation.
+
+    Args:
+        shortfall (str): What falls short, with the counts (kept as ``shortfall``, for callers
+            that name their own remedy).
+        remedy (str): What to do; the message is ``"{shortfall}: {remedy}"``.
+    """
+
+    def __init__(self, shortfall: str, remedy: str) -> None:
+        """See the class docstring."""
+        super().__init__(f"{shortfall}: {remedy}")
+        self.shortfall = shortfall
 
 
 @dataclass
@@ -115,13 +130,17 @@ def mean_updates(traces: Sequence[ResidualTrace], min_positions: int = 200) -> T
         dtype (accumulated in float64).
 
     Raises:
-        ValueError: if the traces hold fewer than ``min_positions`` positions after 0.
+        ReferenceSetError: (a ValueError) if the traces hold fewer than ``min_positions``
+            positions after 0.
     """
     rows = [t.updates[1:].double() for t in traces]
     count = sum(r.shape[0] for r in rows)
     if count < min_positions:
-        raise ValueError(f"mean ablation needs at least {min_positions} reference positions "
-                         f"(position 0 excluded); the reference set has {count}.")
+        raise ReferenceSetError(
+            f"mean ablation needs at least {min_positions} reference positions (position 0 "
+            f"excluded); the reference set has {count}", "give more or longer reference "
+            "sequences (validate: more prompts), lower min_positions (validate: min_reference), "
+            "or ablate with 'zero' or 'resample', which need no reference set.")
     return (sum(r.sum(0) for r in rows) / count).to(traces[0].hidden.dtype)
 
 

@@ -10,14 +10,61 @@ the output, one line per record id, in input order, and removes the parts.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-__all__ = ["ResultsFile", "check_results_file", "load_results", "read_lines"]
+__all__ = ["NotAResultsFile", "ResultsFile", "ResultsWriteError", "check_results_file",
+           "load_results", "read_lines"]
+
+
+class NotAResultsFile(ValueError):
+    """A file given as the results of ``iglens run`` that is something else."""
+
+
+class ResultsWriteError(OSError):
+    """The results cannot be written: one line naming the file, the reason and the fix.
+
+    Args:
+        path (Path): The file being written.
+        err (OSError): The error of the write.
+    """
+
+    _FIXES = {getattr(errno, name): fix for name, fix in (
+        ("ENOSPC", "free space on its disk"), ("EDQUOT", "free space in your quota"),
+        ("EACCES", "make its folder writable"), ("EPERM", "make its folder writable"),
+        ("EROFS", "remount its disk writable")) if hasattr(errno, name)}
+
+    def __init__(self, path: Path, err: OSError) -> None:
+        """See the class docstring."""
+        super().__init__(err.errno, err.strerror or str(err), str(path))
+        self.path, self.reason = Path(path), err.strerror or str(err)
+
+    def message(self, elsewhere: str = "write the results elsewhere") -> str:
+        """The one-line message, ``elsewhere`` naming how to write the results elsewhere."""
+        fix = self._FIXES.get(self.errno or 0)
+        then = f"{fix}, then run again (the run resumes), or {elsewhere}" if fix else elsewhere
+        return f"cannot write results to {self.path}: {self.reason}; {then}"
+
+    def __str__(self) -> str:
+        """See :meth:`message`."""
+        return self.message()
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Turn an OSError of the block into a :class:`ResultsWriteError` naming ``path``."""
+    try:
+        yield
+    except ResultsWriteError:
+        raise
+    except OSError as err:
+        raise ResultsWriteError(path, err) from err
 
 
 def _json(raw: bytes) -> Optional[Any]:
@@ -56,11 +103,15 @@ def _scan(data: bytes) -> tuple[list[dict[str, Any]], int, int]:
     return records, damaged, torn
 
 
-def read_lines(path: Union[str, Path]) -> tuple[list[dict[str, Any]], int]:
+def read_lines(path: Union[str, Path], warn: bool = True) -> tuple[list[dict[str, Any]], int]:
     """The complete records of a results file and the number of torn bytes at its end.
 
     Blank lines are skipped; so are damaged lines (cut short, or not a JSON object) before
     the last one, with a warning; a damaged last line is a torn write, reported in bytes.
+
+    Args:
+        path (str or Path): The file (none yet: no record).
+        warn (bool, optional): Warn about damaged lines. Default: True.
 
     Returns:
         (records, torn): the parsed lines, and how many bytes the torn last line spans.
@@ -69,7 +120,7 @@ def read_lines(path: Union[str, Path]) -> tuple[list[dict[str, Any]], int]:
     if not path.exists():
         return [], 0
     records, damaged, torn = _scan(path.read_bytes())
-    if damaged:
+    if damaged and warn:
         warnings.warn(f"{path}: skipped {damaged} damaged line(s) before the last one (not "
                       "complete JSON objects); their records run again.", stacklevel=2)
     return records, torn
@@ -79,8 +130,9 @@ def check_results_file(path: Union[str, Path]) -> None:
     """Refuse to write into an existing file that is not the output of ``iglens run``.
 
     Raises:
-        ValueError: the file is not empty and its first line is not a result line (a JSON
-            object with ``"id"`` and ``"status"``), e.g. a notes file given as ``--output``.
+        NotAResultsFile: (a ValueError) the file is not empty and its first line is not a
+            result line (a JSON object with ``"id"`` and ``"status"``), e.g. a notes file given
+            as ``--output``.
     """
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
@@ -90,9 +142,9 @@ def check_results_file(path: Union[str, Path]) -> None:
     value = _parse(first if first.endswith(b"\n") else first + b"\n")
     if not first or (value is not None and "id" in value and "status" in value):
         return
-    raise ValueError(f"{str(path)!r} exists and is not a results file of `iglens run` (its "
-                     "first line is not a result): give a new path, or the output of an "
-                     "earlier run to resume it.")
+    raise NotAResultsFile(f"{str(path)!r} exists and is not a results file of `iglens run` "
+                          "(its first line is not a result): give a new path, or the output of "
+                          "an earlier run to resume it.")
 
 
 class ResultsFile:
@@ -111,6 +163,12 @@ class ResultsFile:
         self.own = (self.path if world_size == 1
                     else self.path.with_name(f"{self.path.name}.part-{rank}"))
         self._handle: Optional[Any] = None
+        self._warned: set[Path] = set()  # damaged lines are reported once per file
+
+    def _read(self, file: Path) -> tuple[list[dict[str, Any]], int]:
+        lines = read_lines(file, warn=file not in self._warned)
+        self._warned.add(file)
+        return lines
 
     def parts(self) -> list[Path]:
         """The part files next to the output, from this or an earlier run."""
@@ -120,7 +178,7 @@ class ResultsFile:
         """Ids with a complete line in the output or any part file (errors included)."""
         done = set()
         for file in [self.path, *self.parts()]:
-            done.update(line.get("id") for line in read_lines(file)[0])
+            done.update(line.get("id") for line in self._read(file)[0])
         return done
 
     def open(self) -> None:
@@ -130,25 +188,42 @@ class ResultsFile:
             UserWarning: when a torn line is cut off (its record will be run again).
 
         Raises:
-            ValueError: the file exists but is not a results file (see
+            NotAResultsFile: the file exists but is not a results file (see
                 :func:`check_results_file`).
+            ResultsWriteError: the file cannot be opened for writing.
         """
         check_results_file(self.own)
-        _, torn = read_lines(self.own)
-        if torn:
-            warnings.warn(f"{self.own}: cut off a torn last line ({torn} bytes) from an "
-                          "interrupted run; its record runs again.", stacklevel=2)
-            with open(self.own, "r+b") as handle:
-                handle.truncate(self.own.stat().st_size - torn)
-        self._handle = open(self.own, "a", encoding="utf-8")
+        _, torn = self._read(self.own)
+        with _writing(self.own):
+            if torn:
+                warnings.warn(f"{self.own}: cut off a torn last line ({torn} bytes) from an "
+                              "interrupted run; its record runs again.", stacklevel=2)
+                with open(self.own, "r+b") as handle:
+                    handle.truncate(self.own.stat().st_size - torn)
+            self._handle = open(self.own, "a", encoding="utf-8")
 
     def append(self, line: dict[str, Any]) -> None:
-        """Write one result as one line, then flush and sync it to disk."""
+        """Write one result as one line, then flush and sync it to disk.
+
+        Raises:
+            ResultsWriteError: the line cannot be written (a full disk, ...); the file is
+                closed, and a part of the line left in it is cut off when the run resumes.
+        """
         if self._handle is None:
             self.open()
-        self._handle.write(json.dumps(line) + "\n")  # type: ignore[union-attr]
-        self._handle.flush()  # type: ignore[union-attr]
-        os.fsync(self._handle.fileno())  # type: ignore[union-attr]
+        handle = self._handle
+        try:
+            with _writing(self.own):
+                handle.write(json.dumps(line) + "\n")  # type: ignore[union-attr]
+                handle.flush()  # type: ignore[union-attr]
+                os.fsync(handle.fileno())  # type: ignore[union-attr]
+        except ResultsWriteError:
+            self._handle = None
+            try:  # closes the file even when its last flush fails again
+                handle.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            raise
 
     def close(self) -> None:
         """Close this process's file."""
@@ -158,7 +233,7 @@ class ResultsFile:
 
     def _all_lines(self) -> Iterator[tuple[Any, str]]:
         for file in [self.path, *self.parts()]:
-            for line in read_lines(file)[0]:
+            for line in self._read(file)[0]:
                 yield line.get("id"), json.dumps(line)
 
     def finalize(self, order: dict[Any, int]) -> int:
@@ -173,6 +248,10 @@ class ResultsFile:
 
         Returns:
             int: The number of lines written.
+
+        Raises:
+            ResultsWriteError: the merged file cannot be written (the output and the parts
+                are left as they were, so the run can be resumed).
         """
         self.close()
         first: dict[Any, str] = {}
@@ -181,14 +260,18 @@ class ResultsFile:
         known = sorted((order[rid], text) for rid, text in first.items() if rid in order)
         rest = [text for rid, text in first.items() if rid not in order]
         tmp = self.path.with_name(f"{self.path.name}.merging")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for text in [t for _, t in known] + rest:
-                handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
-        for part in self.parts():
-            part.unlink()
+        with _writing(self.path):
+            try:
+                with open(tmp, "w", encoding="utf-8") as handle:
+                    for text in [t for _, t in known] + rest:
+                        handle.write(text + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            for part in self.parts():
+                part.unlink()
         return len(known) + len(rest)
 
 
@@ -213,20 +296,23 @@ def load_results(path: Union[str, Path]) -> tuple[list[dict], list[dict], int]:
 
     Raises:
         OSError: the file cannot be read.
-        ValueError: a complete JSON line that is not a result line (no object, or a
+        NotAResultsFile: (a ValueError) no line is a JSON object and not every line starts
+            as one (the file never was a results file), or the first complete line is not a
+            result line.
+        ValueError: a later complete JSON line that is not a result line (no object, or a
             ``status`` other than ``"ok"`` / ``"error"``), or a file without any result
             line.
     """
     lines = Path(path).read_bytes().split(b"\n")
-    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    parsed = [(n, line, _json(line)) for n, line in enumerate(lines, 1) if line.strip()]
+    _check_is_results(parsed, path)
     records: list[dict] = []
     errors: list[dict] = []
     torn = 0
-    for n, line in numbered:
-        entry = _json(line)
+    for n, line, entry in parsed:
         if entry is None:
             torn += 1
-            warnings.warn(_torn_message(path, n, line, last=n == numbered[-1][0]), stacklevel=2)
+            warnings.warn(_torn_message(path, n, line, last=n == parsed[-1][0]), stacklevel=2)
             continue
         _check_entry(entry, path, n)
         (records if entry["status"] == "ok" else errors).append(entry)
@@ -234,6 +320,28 @@ def load_results(path: Union[str, Path]) -> tuple[list[dict], list[dict], int]:
         raise ValueError(f"{path}: no result line (expected the JSON lines of 'iglens run')")
     _warn_duplicate_ids(records + errors, path)
     return records, errors, torn
+
+
+def _check_is_results(parsed: list[tuple[int, bytes, Any]], path: Union[str, Path]) -> None:
+    """Refuse a file that is not a results file before any torn-line warning.
+
+    A run killed in its first write leaves lines that start as JSON objects; a file none of
+    whose lines parses, some not even starting as an object, never was a results file.
+
+    Raises:
+        NotAResultsFile: no line parses and some line does not start with ``{``, or the
+            first complete JSON line is not a result line.
+    """
+    complete = [(n, entry) for n, _, entry in parsed if entry is not None]
+    if not complete and any(not line.lstrip().startswith(b"{") for _, line, _ in parsed):
+        raise NotAResultsFile(
+            f"{path} is not a results file of 'iglens run': none of its {len(parsed)} "
+            "non-blank lines parses as a JSON record (give the --output file of a run)")
+    if complete:
+        try:
+            _check_entry(complete[0][1], path, complete[0][0])
+        except ValueError as err:
+            raise NotAResultsFile(str(err)) from None
 
 
 def _torn_message(path: Union[str, Path], n: int, line: bytes, last: bool) -> str:

@@ -25,7 +25,9 @@ bootstrap.
 from __future__ import annotations
 
 import json
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -37,14 +39,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from captum_iglens import explain
-from captum_iglens.ablation import KINDS, BlockAblation, mean_updates
+from captum_iglens.ablation import KINDS, BlockAblation, ReferenceSetError, mean_updates
+from captum_iglens.prompts import render_prompt
 from captum_iglens.validate_report import ValidationResult
 from captum_iglens.validate_stats import METRICS, PREDICTORS, analyse
 
-__all__ = ["METRICS", "PREDICTORS", "ValidationResult", "load_prompts", "validate"]
+__all__ = ["METRICS", "PREDICTORS", "ValidationResult", "load_prompts", "max_reference_positions",
+           "prompt_lengths", "reference_shortfall", "validate"]
 
 DEFAULT_THRESHOLD = 0.2
 DEFAULT_MAX_NEW_TOKENS = 12
+DEFAULT_MIN_REFERENCE = 200
 
 
 def load_prompts(path: Union[str, Path, None] = None) -> list[str]:
@@ -78,6 +83,68 @@ def load_prompts(path: Union[str, Path, None] = None) -> list[str]:
 
 def _prompt_of(entry: Any) -> Any:
     return entry.get("prompt") if isinstance(entry, dict) else None
+
+
+def prompt_lengths(tokenizer: Any, prompts: Sequence[str]) -> list[int]:
+    """Token count of each prompt as :func:`validate` explains it (chat template applied).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        prompts (sequence of str): The prompts.
+
+    Returns:
+        list[int]: one count per prompt. The template warnings (no template, a template that
+        writes today's date) are left to the explanation itself.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [len(render_prompt(tokenizer, prompt, True).ids) for prompt in prompts]
+
+
+def max_reference_positions(lengths: Sequence[int], max_new_tokens: int) -> int:
+    """The most reference positions ``mean`` ablation can find for any prompt of a set.
+
+    A prompt's reference set is every other prompt's sequence (prompt and answer) after
+    position 0, and an answer has at most ``max_new_tokens`` tokens: a prompt's set holds at
+    most the sum over the others of ``length + max_new_tokens - 1``. The largest such set is
+    the shortest prompt's.
+
+    Args:
+        lengths (sequence of int): Tokens of each prompt (chat template included), or upper
+            bounds of them.
+        max_new_tokens (int): Longest answer.
+
+    Returns:
+        int: the upper bound (0 for fewer than two prompts).
+    """
+    spans = [n + max_new_tokens - 1 for n in lengths]
+    return sum(spans) - min(spans) if len(spans) > 1 else 0
+
+
+def reference_shortfall(lengths: Sequence[int], max_new_tokens: int,
+                        min_reference: int = DEFAULT_MIN_REFERENCE) -> Optional[str]:
+    """Why ``mean`` ablation cannot run on a prompt set; None when it may.
+
+    Mean ablation fails for certain when even the largest reference set of
+    :func:`max_reference_positions` falls short of ``min_reference`` (every prompt's own
+    set is then too small, whichever tokens pass the threshold).
+
+    Args:
+        lengths (sequence of int): As for :func:`max_reference_positions`.
+        max_new_tokens (int): Longest answer.
+        min_reference (int, optional): Fewest reference positions. Default: 200.
+
+    Returns:
+        str or None: the shortfall, counts and the prompts needed, without the remedy.
+    """
+    most = max_reference_positions(lengths, max_new_tokens)
+    if most >= min_reference or len(lengths) < 2:
+        return None
+    needed = math.ceil(min_reference / (most / (len(lengths) - 1))) + 1
+    return (f"mean ablation needs at least {min_reference} reference positions (the other "
+            f"prompts' tokens, position 0 excluded), but with these {len(lengths)} prompts and "
+            f"answers of at most {max_new_tokens} tokens a prompt's reference set holds at most "
+            f"{most} (at least {needed} prompts of this length are needed)")
 
 
 @dataclass
@@ -177,7 +244,6 @@ def _ablate_all(ablation: BlockAblation, items: list[_Item], kinds: Sequence[str
     return data
 
 
-
 def _check_settings(kinds: Sequence[str], threshold: float, max_new_tokens: int, n_boot: int,
                     n_prompts: int) -> tuple[str, ...]:
     kinds = tuple(kinds)
@@ -193,10 +259,20 @@ def _check_settings(kinds: Sequence[str], threshold: float, max_new_tokens: int,
     return kinds
 
 
+def _check_reference(tokenizer: Any, prompts: Sequence[str], kinds: Sequence[str],
+                     max_new_tokens: int, min_reference: int) -> None:
+    """Refuse, before anything is explained, a set too small for ``mean``'s reference."""
+    shortfall = "mean" in kinds and reference_shortfall(
+        prompt_lengths(tokenizer, prompts), max_new_tokens, min_reference)
+    if shortfall:
+        raise ReferenceSetError(shortfall, "use kinds without 'mean' (zero and resample need "
+                                "no reference set), more prompts, or a smaller min_reference.")
+
+
 def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] = None,
              kinds: Sequence[str] = KINDS, threshold: float = DEFAULT_THRESHOLD,
              max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, seed: int = 0, n_boot: int = 1000,
-             nonmonotonic_tol: float = 0.05, min_reference: int = 200,
+             nonmonotonic_tol: float = 0.05, min_reference: int = DEFAULT_MIN_REFERENCE,
              progress: bool = True) -> ValidationResult:
     """Test whether IG-Lens credit predicts the causal effect of ablating each block.
 
@@ -221,10 +297,14 @@ def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] 
 
     Raises:
         ValueError: bad settings, fewer than 2 prompts, or no token above ``threshold``.
+        ReferenceSetError: (a ValueError) prompts too few or short for the reference set of
+            ``mean``: found before anything is explained where it is certain, else when the
+            first token is ablated.
         AblationCheckError: a built-in check of the ablation failed.
     """
     prompts = load_prompts() if prompts is None else [str(p) for p in prompts]
     kinds = _check_settings(kinds, threshold, max_new_tokens, n_boot, len(prompts))
+    _check_reference(tokenizer, prompts, kinds, max_new_tokens, min_reference)
     ablation = BlockAblation(model)
     clock = [time.perf_counter()]
     items = _explain_all(model, tokenizer, prompts, max_new_tokens, threshold, ablation,

@@ -28,6 +28,7 @@ from captum_iglens.cli._common import (
     CliError,
     Parser,
     UsageError,
+    exit_status_help,
     run_checks,
 )
 from captum_iglens.cli._options import read_prompts
@@ -36,15 +37,13 @@ from captum_iglens.cli._registry import COMMANDS, DEFAULT_COMMAND
 __all__ = ["COMMANDS", "CliError", "UsageError", "build_parser", "main", "parse_args",
            "read_prompts"]
 
-EXIT_STATUS_HELP = f"""\
-exit status:
-  0    success
-  {EXIT_RUNTIME}    runtime error: the model could not be loaded or the computation failed
-  {EXIT_USAGE}    usage error: something is wrong in the command line; found before the model
-       is loaded, except what only the model can tell (a layer index or --k beyond its
-       blocks, --token-index past the answer)
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
-errors are one line 'iglens: error: ...'; IGLENS_DEBUG=1 shows a runtime error's traceback"""
+EXIT_STATUS_HELP = exit_status_help(
+    runtime="runtime error: the model could not be loaded, the computation failed or an "
+    "output could not be written",
+    usage="usage error: something is wrong in the command line; found before the model is "
+    "loaded, except what only the model can tell ('iglens COMMAND --help' says what, for each "
+    "command)",
+)
 
 _SHORTHAND_HELP = f"""\
 'iglens PROMPT ...' is short for 'iglens {DEFAULT_COMMAND} PROMPT ...'. Options go after the
@@ -81,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, leaf in COMMANDS.items():
         leaf.add_arguments(commands.add_parser(
             name, help=leaf.HELP, description=textwrap.fill(leaf.DESCRIPTION, _WIDTH),
-            epilog=EXIT_STATUS_HELP,
+            epilog=leaf.EXIT_STATUS,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         ))
     return parser
@@ -118,11 +117,9 @@ def _parse_shorthand(parser: argparse.ArgumentParser, argv: list[str]) -> argpar
         UsageError: a mistyped command as the first word, a command name after options, or
             any other mistake.
     """
-    first = argv[0] if argv else ""
-    if re.fullmatch(r"[a-z][a-z-]*", first):
-        close = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=_NEAR_MISS_CUTOFF)
-        if close:
-            raise UsageError(f"unknown command {first!r}; did you mean {close[0]!r}?")
+    close = _near_miss(argv[0] if argv else "")
+    if close:
+        raise UsageError(f"unknown command {argv[0]!r}; did you mean {close!r}?")
     try:
         args = parser.parse_args([DEFAULT_COMMAND, *argv])
     except UsageError:
@@ -130,9 +127,24 @@ def _parse_shorthand(parser: argparse.ArgumentParser, argv: list[str]) -> argpar
         if misplaced is not None and _parses(parser, misplaced, argv):
             raise _misplaced(misplaced) from None
         raise
-    if args.prompt and args.prompt[0] in COMMANDS:
-        raise _misplaced(args.prompt[0])
+    first = args.prompt[0] if args.prompt else ""
+    if first in COMMANDS:
+        raise _misplaced(first)
+    close = _near_miss(first) if argv and argv[0].startswith("-") else None
+    if close:  # `iglens --k 4 explian PROMPT`: a mistyped command after the options
+        raise UsageError(f"unknown command {first!r}; did you mean {close!r}? (put the command "
+                         f"first: 'iglens {close} [options] PROMPT'; a prompt that starts with "
+                         f"{first!r} needs it too: 'iglens {DEFAULT_COMMAND} [options] {first} "
+                         "...')")
     return args
+
+
+def _near_miss(word: str) -> Optional[str]:
+    """The command that ``word`` looks like a typo of; None if none, or not lower case."""
+    if not re.fullmatch(r"[a-z][a-z-]*", word):
+        return None
+    close = difflib.get_close_matches(word, COMMANDS, n=1, cutoff=_NEAR_MISS_CUTOFF)
+    return close[0] if close else None
 
 
 def _parses(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from typing import Any, Callable, NoReturn
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "UsageError",
     "add_check",
     "at_least",
+    "exit_status_help",
     "load",
     "model_device",
     "run_checks",
@@ -28,6 +30,31 @@ __all__ = [
 EXIT_USAGE = 2
 EXIT_RUNTIME = 1
 EXIT_INTERRUPTED = 130
+
+
+_HELP_WIDTH = 88
+
+
+def exit_status_help(runtime: str, usage: str, success: str = "success") -> str:
+    """The ``exit status:`` block of a command's ``--help``: what each status means there.
+
+    Args:
+        runtime (str): When the command exits 1.
+        usage (str): When it exits 2.
+        success (str, optional): When it exits 0. Default: ``"success"``.
+
+    Returns:
+        str: the block, one status per entry, wrapped to the help's width.
+    """
+    rows = [(0, success), (EXIT_RUNTIME, runtime), (EXIT_USAGE, usage),
+            (EXIT_INTERRUPTED, "interrupted (Ctrl-C)")]
+    lines = ["exit status:"]
+    for code, text in rows:
+        first, *rest = textwrap.wrap(text, _HELP_WIDTH - 7)
+        lines += [f"  {code:<4} {first}", *(" " * 7 + line for line in rest)]
+    lines.append("errors are one line 'iglens: error: ...'; IGLENS_DEBUG=1 shows a runtime "
+                 "error's traceback")
+    return "\n".join(lines)
 
 
 class UsageError(Exception):

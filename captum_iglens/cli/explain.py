@@ -18,15 +18,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 from captum_iglens.cli import _options as opts
-from captum_iglens.cli._common import load, write_json
+from captum_iglens.cli._common import UsageError, exit_status_help, load, write_json
 
-__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
 HELP = "explain each answer token of a prompt, layer by layer (the default command)"
 DESCRIPTION = (
     "IG-Lens: exact additive attribution of each answer token's probability to the decoder "
     "layers of a causal LM (arXiv:2606.29693). Runs offline on the embedded "
     "SmolLM2-135M-Instruct by default."
+)
+EXIT_STATUS = exit_status_help(
+    runtime="runtime error: the model could not be loaded, the computation failed or --json / "
+    "--plot could not be written",
+    usage="usage error: something is wrong in the command line; found before the model is "
+    "loaded, except what only the model can tell: a layer index or --k beyond its blocks, a "
+    "--target or --contrast its tokenizer turns into no token, a --contrast whose tokens do "
+    "not pair with the answer's (found before the answer is explained)",
 )
 
 
@@ -56,15 +64,19 @@ def run(args: argparse.Namespace) -> int:
         0
 
     Raises:
-        UsageError: ``--layers`` / ``--k`` beyond the loaded model's blocks.
+        UsageError: ``--layers`` / ``--k`` beyond the loaded model's blocks; a ``--target`` or
+            ``--contrast`` that tokenises to no token; a ``--contrast`` of several tokens
+            whose count is not the answer's.
         Exception: loading or computation errors (exit status 1).
     """
     from captum_iglens import resolve_decoder_blocks
 
     model, tokenizer = load(args.model)
     layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    foils = _check_foil(args, tokenizer)
+    opts.warn_unused_template_date(args, tokenizer)
     results: list[Any] = []
-    explain_one = _explainer(args, model, tokenizer, layers)
+    explain_one = _explainer(args, model, tokenizer, layers, foils)
     for prompt in _loop_prompts() if args.loop else args.prompts:
         results.append(explain_one(prompt))
     if args.json_path and not results:
@@ -77,14 +89,67 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_foil(args: argparse.Namespace, tokenizer: Any) -> list[int]:
+    """The foil ids of ``--contrast``, refused before anything is explained where wrong.
+
+    Returns:
+        list[int]: the ids (empty without ``--contrast``).
+
+    Raises:
+        UsageError: ``--contrast`` or ``--target`` tokenises to no token, or ``--contrast``
+            has several tokens and ``--target`` another number of them.
+    """
+    if args.contrast is None:
+        return []
+    foils = _ids(tokenizer, "--contrast", args.contrast)
+    if args.target is not None:
+        answer = _ids(tokenizer, "--target", args.target)
+        if len(foils) not in (1, len(answer)):
+            raise UsageError(
+                f"--contrast {args.contrast!r} is {_tokens(foils)} but --target "
+                f"{args.target!r} is {_tokens(answer)}: give a foil of one token (used for "
+                "every answer token) or of one token per answer token (a leading space matters)")
+    return foils
+
+
+def _ids(tokenizer: Any, option: str, text: str) -> list[int]:
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise UsageError(f"{option} {text!r}: the model's tokenizer turns it into no token; "
+                         "give text it keeps")
+    return ids
+
+
+def _tokens(ids: list[int]) -> str:
+    return f"{len(ids)} token{'s' if len(ids) != 1 else ''} {ids}"
+
+
+def _unpaired_foil(args: argparse.Namespace, foils: list[int]) -> UsageError:
+    """The error of a foil of several tokens that does not pair with the generated answer."""
+    return UsageError(
+        f"--contrast {args.contrast!r} is {_tokens(foils)}, which does not pair with the answer "
+        "generated for this prompt (another number of tokens): give a foil of one token (used "
+        "for every answer token), or --target with one token per foil token")
+
+
 def _explainer(
-    args: argparse.Namespace, model: Any, tokenizer: Any, layers: Any
+    args: argparse.Namespace, model: Any, tokenizer: Any, layers: Any, foils: list[int]
 ) -> Callable[[str], Any]:
     """A function that explains one prompt with the options of ``args`` and prints it."""
     from captum_iglens.text import explain
 
     def explain_one(prompt: str) -> Any:
-        result = explain(
+        try:
+            result = _explain(prompt)
+        except ValueError as err:  # the generated answer has another number of tokens
+            if len(foils) > 1 and args.target is None and str(err).startswith("contrast has"):
+                raise _unpaired_foil(args, foils) from err
+            raise
+        _print(result, prompt)
+        return result
+
+    def _explain(prompt: str) -> Any:
+        return explain(
             model,
             tokenizer,
             prompt,
@@ -103,6 +168,8 @@ def _explainer(
             template_kwargs=opts.template_kwargs(args),
             contrast=args.contrast,
         )
+
+    def _print(result: Any, prompt: str) -> None:
         print(f"prompt: {opts.echo(prompt)}")
         print(opts.template_note(result.chat_template_used))
         print(f"answer: {opts.echo(result.answer)}"
@@ -113,7 +180,6 @@ def _explainer(
             print(f"contrast (foil) token ids: {list(dict.fromkeys(result.contrast_ids))}")
         print(result.format_table())
         print()
-        return result
 
     return explain_one
 

@@ -12,15 +12,16 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from captum_iglens.cli import _options as opts
-from captum_iglens.cli._common import UsageError, load
-from captum_iglens.results_file import check_results_file
+from captum_iglens.cli._common import UsageError, exit_status_help, load
+from captum_iglens.results_file import ResultsWriteError, check_results_file
 
-__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
 HELP = "explain every record of a .jsonl or text file into a results .jsonl (resumable)"
 DESCRIPTION = (
@@ -28,9 +29,17 @@ DESCRIPTION = (
     "`iglens --json` plus the record's id. Prompt records are batched (left-padded generation "
     "and attribution); text records are explained at every position (document mode). "
     "Re-running the same command skips the ids already in the output. Under `accelerate "
-    "launch` or `torchrun`, the records are sharded across processes and merged in input order. "
-    "Exit status: 0 done; 1 some records became error records (0 under a launcher, which would "
-    "take 1 for a crash; the summary line counts them); 2 a mistake in the command line."
+    "launch` or `torchrun`, the records are sharded across processes and merged in input order."
+)
+EXIT_STATUS = exit_status_help(
+    success="done, every record explained; under a launcher also when some records became "
+    "error records (a launcher would take 1 for a crash; the summary line counts them)",
+    runtime="some records became error records (one process), the model could not be loaded, "
+    "or the results could not be written (the message names the file and the fix; rerun the "
+    "same command to resume)",
+    usage="usage error: something is wrong in the command line (an input, or an --output that "
+    "cannot be written or is no results file); found before the model is loaded, except "
+    "--layers / --k beyond the model's blocks",
 )
 
 
@@ -74,19 +83,45 @@ def _check_files(args: argparse.Namespace) -> None:
         raise UsageError("give --input or --text-file (one of them)")
     if not Path(sources[0]).is_file():
         raise UsageError(f"{sources[0]!r} is not a file")
-    out = Path(args.output)
-    if out.is_dir() or not out.parent.is_dir():
-        raise UsageError(f"--output {args.output!r}: give a file in an existing folder")
-    if out.resolve() == Path(sources[0]).resolve():
+    _check_output(args.output, sources[0])
+    if args.text_file and not Path(args.text_file).read_bytes().strip():
+        raise UsageError(f"--text-file {args.text_file!r} is empty: give a text to explain")
+    if args.device and args.device.startswith("cuda") and not _cuda():
+        raise UsageError(f"--device {args.device}: this torch build sees no CUDA device")
+
+
+def _check_output(output: str, source: str) -> None:
+    """Refuse an ``--output`` that cannot be written, or holds something else, before loading.
+
+    The folder must take new files too: a run with several processes writes part files
+    next to the output and merges them through a temporary file there.
+
+    Raises:
+        UsageError: a folder, a path in a missing folder or under a file, a folder or file
+            that cannot be written, the input file, or a file that is not a results file.
+    """
+    out, where = Path(output), f"--output {output!r}"
+    if out.is_dir():
+        raise UsageError(f"{where} is a folder: give a file path (e.g. results.jsonl)")
+    folder = out.parent
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{where}: {str(folder)!r} is a file, not a folder: give a path in a "
+                         "folder")
+    if not folder.is_dir():
+        raise UsageError(f"{where}: the folder {str(folder)!r} does not exist: create it or "
+                         "choose --output elsewhere")
+    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists()
+                                                    and not os.access(out, os.W_OK)):
+        raise UsageError(f"{where} cannot be written (permission denied or a read-only disk): "
+                         "choose --output in a writable folder")
+    if out.exists() and out.resolve() == Path(source).resolve():
         raise UsageError("--output is the input file: give another path")
     try:
         check_results_file(out)
     except ValueError as err:
         raise UsageError(f"--output: {err}") from err
-    if args.text_file and not Path(args.text_file).read_bytes().strip():
-        raise UsageError(f"--text-file {args.text_file!r} is empty: give a text to explain")
-    if args.device and args.device.startswith("cuda") and not _cuda():
-        raise UsageError(f"--device {args.device}: this torch build sees no CUDA device")
+    except OSError as err:
+        raise UsageError(f"{where} cannot be read to resume it: {err.strerror or err}") from err
 
 
 def _cuda() -> bool:
@@ -138,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         UsageError: unreadable input, duplicate ids, layers beyond the model's blocks.
+        RuntimeError: the results cannot be written; one line naming the file and the fix
+            (exit status 1).
         Exception: loading errors (exit status 1).
     """
     from captum_iglens import IGLens, resolve_decoder_blocks
@@ -150,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, device_map=args.device_map)
     model = _place(model, args, procs)
     layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    if procs.is_main:
+        opts.warn_unused_template_date(args, tokenizer)
     lens = IGLens(model, layers=layers, units=args.units)
     settings = RunSettings(
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
@@ -159,8 +198,11 @@ def run(args: argparse.Namespace) -> int:
         attribute_kwargs={"method": args.method, "n_steps": args.n_steps,
                           "baselines": args.baseline,
                           "internal_batch_size": args.internal_batch_size})
-    report = run_records(model, tokenizer, records, args.output, settings, lens,
-                         progress=not args.no_progress, procs=procs)
+    try:
+        report = run_records(model, tokenizer, records, args.output, settings, lens,
+                             progress=not args.no_progress, procs=procs)
+    except ResultsWriteError as err:
+        raise RuntimeError(err.message("choose --output elsewhere")) from err
     if procs.is_main:
         print(report.format(), file=sys.stderr)
     # Launchers (torchrun, accelerate) read a non-zero status as a crashed worker.

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from captum_iglens.cli import _options as opts
-from captum_iglens.cli._common import UsageError, write_json
+from captum_iglens.cli._common import UsageError, exit_status_help, write_json
 
-__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
 HELP = "summarize a results .jsonl of 'iglens run': per-layer credit, onsets, failures"
 DESCRIPTION = (
@@ -27,6 +27,13 @@ DESCRIPTION = (
     "are not independent), the distribution of onset layers, the completeness over the "
     "run, the slowest records and every failure. Records must share their layers, units "
     "and contrastive mode. Loads no model."
+)
+EXIT_STATUS = exit_status_help(
+    runtime="runtime error: the records cannot be pooled (other layers, units or contrastive "
+    "mode), a later line is JSON but no result, or RESULTS cannot be read or an output "
+    "written",
+    usage="usage error: something is wrong in the command line: a bad option or output path, "
+    "or RESULTS missing, unreadable or not a results file of 'iglens run'",
 )
 
 
@@ -98,15 +105,19 @@ def run(args: argparse.Namespace) -> int:
         0
 
     Raises:
-        ValueError: a line that is JSON but no result line, records that cannot be pooled
+        UsageError: ``args.results`` is not a results file.
+        ValueError: a later line that is JSON but no result line, records that cannot be pooled
             (different layers, units or contrastive mode), or no result at all (exit
             status 1).
         OSError: the file cannot be read or an output cannot be written (exit status 1).
     """
-    from captum_iglens.results_file import load_results
+    from captum_iglens.results_file import NotAResultsFile, load_results
     from captum_iglens.summary import is_contrastive, summarize
 
-    records, errors, torn = load_results(args.results)
+    try:
+        records, errors, torn = load_results(args.results)
+    except NotAResultsFile as err:
+        raise UsageError(str(err)) from err
     if args.only is not None:
         records = [r for r in records if is_contrastive(r) == (args.only == "contrastive")]
     summary = summarize(records, errors, n_boot=args.n_boot, seed=args.seed, torn=torn)

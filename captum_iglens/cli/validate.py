@@ -11,9 +11,9 @@ import argparse
 import sys
 
 from captum_iglens.cli import _options as opts
-from captum_iglens.cli._common import UsageError, load
+from captum_iglens.cli._common import UsageError, exit_status_help, load
 
-__all__ = ["DESCRIPTION", "HELP", "add_arguments", "run"]
+__all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
 HELP = "test IG-Lens credit against position-local ablation of every block"
 DESCRIPTION = (
@@ -25,7 +25,21 @@ DESCRIPTION = (
     "CIs, for all tokens and for non-monotonic logit-lens trajectories (arXiv:2606.29693). "
     "Default prompts: the frozen set shipped with the package."
 )
+EXIT_STATUS = exit_status_help(
+    runtime="runtime error: the model could not be loaded, the computation failed, no answer "
+    "token reached --threshold, a built-in check of the ablation failed, or --json / --plot "
+    "could not be written",
+    usage="usage error: something is wrong in the command line; found before the model is "
+    "loaded, except what only the model's tokenizer can tell: prompts too few or too short "
+    "for the reference set of mean ablation (found before the model is loaded where the "
+    "embedded model's token counts are bounded, else before any prompt is explained)",
+)
 ABLATIONS = ("zero", "mean", "resample", "all")
+_REMEDY = ("use --ablation zero or --ablation resample (they need no reference set), or give "
+           "more prompts (--prompts-file)")
+#: Tokens the embedded SmolLM2's chat template adds around a prompt (system prompt and role
+#: markers): with its byte-level BPE, a prompt of b UTF-8 bytes is at most this + b tokens.
+EMBEDDED_TEMPLATE_TOKENS = 30
 
 
 def _probability(text: str) -> float:
@@ -63,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             plot_help="write the correlation and profile figure (PNG, PDF, "
                             "SVG) to this path")
     opts.add_check(parser, _check_prompts_file)
+    opts.add_check(parser, _check_mean_reference)
 
 
 def _check_prompts_file(args: argparse.Namespace) -> None:
@@ -76,6 +91,26 @@ def _check_prompts_file(args: argparse.Namespace) -> None:
         raise UsageError("--prompts-file: the validation needs at least 2 prompts")
 
 
+def _check_mean_reference(args: argparse.Namespace) -> None:
+    """Refuse before loading a prompt set too small for mean ablation, where it is certain.
+
+    For the embedded model the prompts' token counts are bounded without its tokenizer
+    (:data:`EMBEDDED_TEMPLATE_TOKENS` plus the UTF-8 bytes); another model's template is
+    unknown until it is loaded (then :func:`captum_iglens.validate.validate` checks).
+
+    Raises:
+        UsageError: even the bounded counts leave every prompt's reference set short.
+    """
+    from captum_iglens.validate import reference_shortfall
+
+    if args.ablation not in ("mean", "all") or args.model not in (None, opts.DEFAULT_MODEL):
+        return
+    bounds = [EMBEDDED_TEMPLATE_TOKENS + len(p.encode("utf-8")) for p in args.prompts]
+    shortfall = reference_shortfall(bounds, args.max_new_tokens)
+    if shortfall:
+        raise UsageError(f"{shortfall}: {_REMEDY}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the validation and print its table.
 
@@ -86,15 +121,20 @@ def run(args: argparse.Namespace) -> int:
         0
 
     Raises:
+        UsageError: prompts too few or short for mean ablation's reference set.
         Exception: loading or computation errors, a failed ablation check (exit status 1).
     """
-    from captum_iglens.ablation import KINDS
+    from captum_iglens.ablation import KINDS, ReferenceSetError
     from captum_iglens.validate import validate
 
     model, tokenizer = load(args.model)
     kinds = KINDS if args.ablation == "all" else (args.ablation,)
-    result = validate(model, tokenizer, args.prompts, kinds=kinds, threshold=args.threshold,
-                      max_new_tokens=args.max_new_tokens, seed=args.seed)
+    try:
+        result = validate(model, tokenizer, args.prompts, kinds=kinds,
+                          threshold=args.threshold, max_new_tokens=args.max_new_tokens,
+                          seed=args.seed)
+    except ReferenceSetError as err:
+        raise UsageError(f"{err.shortfall}: {_REMEDY}") from err
     print(result.format_table())
     if args.json_path:
         result.to_json(args.json_path)
