@@ -164,6 +164,10 @@ class ResultsFile:
                     else self.path.with_name(f"{self.path.name}.part-{rank}"))
         self._handle: Optional[Any] = None
         self._warned: set[Path] = set()  # damaged lines are reported once per file
+        #: Entries added to every line written (the run fingerprint, ``{"run": ...}``).
+        self.stamp: dict[str, Any] = {}
+        #: Record id -> hash of its input, written as the line's ``input_hash``.
+        self.input_hashes: dict[Any, str] = {}
 
     def _read(self, file: Path) -> tuple[list[dict[str, Any]], int]:
         lines = read_lines(file, warn=file not in self._warned)
@@ -176,10 +180,11 @@ class ResultsFile:
 
     def done_ids(self) -> set[Any]:
         """Ids with a complete line in the output or any part file (errors included)."""
-        done = set()
-        for file in [self.path, *self.parts()]:
-            done.update(line.get("id") for line in self._read(file)[0])
-        return done
+        return {line.get("id") for line in self.lines()}
+
+    def lines(self) -> list[dict[str, Any]]:
+        """Every complete line of the output and its part files, in file order."""
+        return [line for file in [self.path, *self.parts()] for line in self._read(file)[0]]
 
     def open(self) -> None:
         """Open this process's file for appending, cutting off a torn last line first.
@@ -211,6 +216,9 @@ class ResultsFile:
         """
         if self._handle is None:
             self.open()
+        line = {**line, **self.stamp}
+        if line.get("id") in self.input_hashes:
+            line["input_hash"] = self.input_hashes[line["id"]]
         handle = self._handle
         try:
             with _writing(self.own):
@@ -239,9 +247,10 @@ class ResultsFile:
     def finalize(self, order: dict[Any, int]) -> int:
         """Merge the output and the part files: one line per id, in input order.
 
-        Lines whose id is not in ``order`` (records no longer in the input) are kept after
-        the others. The merged file replaces the output atomically, then the parts are
-        removed.
+        Where an id has several lines (its record's input changed and it ran again), the
+        last one written is kept. Lines whose id is not in ``order`` (records no longer in
+        the input) are kept after the others. The merged file replaces the output
+        atomically, then the parts are removed.
 
         Args:
             order (dict): Record id -> its index in the input.
@@ -256,7 +265,8 @@ class ResultsFile:
         self.close()
         first: dict[Any, str] = {}
         for rid, text in self._all_lines():
-            first.setdefault(rid, text)
+            first.pop(rid, None)  # the latest line of an id wins, in its own place
+            first[rid] = text
         known = sorted((order[rid], text) for rid, text in first.items() if rid in order)
         rest = [text for rid, text in first.items() if rid not in order]
         tmp = self.path.with_name(f"{self.path.name}.merging")

@@ -21,9 +21,16 @@ from torch import nn
 
 from captum_iglens._distributed import Processes, processes
 from captum_iglens._progress import progress_bar
-from captum_iglens.architectures import check_context
+from captum_iglens.architectures import check_context, strip_parallel
 from captum_iglens.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.document import DEFAULT_CHUNK, explain_document
+from captum_iglens.fingerprint import (
+    check_resume,
+    input_hash,
+    record_fields,
+    run_fingerprint,
+    run_lock,
+)
 from captum_iglens.generation import generate_batch
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.prompts import render_prompt
@@ -357,19 +364,66 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
     Raises:
         OSError: the output cannot be written.
         ValueError: ``output`` exists and is not a results file.
+        RunMismatchError: ``output`` holds lines of another run (another model, weights,
+            package version or numeric setting; see
+            :func:`~captum_iglens.fingerprint.check_resume`): nothing is run or written.
+        RuntimeError: another process is writing ``output``
+            (:func:`~captum_iglens.fingerprint.run_lock`).
+
+    Every line records the run's fingerprint (``"run"``) and its record's ``input_hash``;
+    a record whose id is done but whose input changed since is run again, and its new line
+    replaces the old one.
     """
     settings = settings or RunSettings()
     procs = procs or processes()
-    lens = lens or IGLens(model)
+    lens = lens or IGLens(strip_parallel(model))
     start = time.perf_counter()
     check_results_file(output)
     out = ResultsFile(output, procs.rank, procs.world_size)
-    done = out.done_ids()
-    procs.barrier()  # every process has read what was done before any writes
-    pending = [r for r in records if r.id not in done]
-    units = _plan(pending, tokenizer, settings)[procs.rank::procs.world_size]
-    runner = _Runner(lens, tokenizer, settings, out)
-    out.open()
+    with run_lock(out.path, enabled=procs.is_main):
+        pending = _pending(out, lens, records, settings)
+        procs.barrier()  # every process has read what was done before any writes
+        units = _plan(pending, tokenizer, settings)[procs.rank::procs.world_size]
+        runner = _Runner(lens, tokenizer, settings, out)
+        out.open()
+        _run_units(units, runner, procs, progress, start)
+        out.close()
+        procs.barrier()
+        if procs.is_main:
+            out.finalize({r.id: r.index for r in records})
+    # every process counts the merged output (its part file is gone once rank 0 merged it),
+    # so all of them exit with the same status
+    procs.barrier()
+    n_ok, n_errors = _count(out.path)
+    return RunReport(Path(output), len(records), len(records) - len(pending), n_ok, n_errors,
+                     runner.tokens, time.perf_counter() - start)
+
+
+def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
+             settings: RunSettings) -> list[Record]:
+    """The records to run: not in the output yet, or whose input changed since.
+
+    Stamps ``out`` with the run's fingerprint and the records' input hashes, after
+    refusing an output that another run wrote (:func:`~captum_iglens.fingerprint.check_resume`).
+    """
+    attribute = settings.attribute_kwargs
+    fingerprint = run_fingerprint(lens.model, layers=lens.layer_indices, units=lens.units,
+                                  settings={
+        "method": attribute.get("method", "prediction_aware"),
+        "n_steps": attribute.get("n_steps", 50), "baselines": attribute.get("baselines", "mean"),
+        "max_new_tokens": settings.max_new_tokens, "chat_template": settings.chat_template,
+        "template_kwargs": settings.template_kwargs, "onset_frac": settings.onset_frac,
+        "onset_rule": settings.onset_rule, "top_k": settings.top_k, "stride": settings.stride})
+    lines = out.lines()
+    check_resume(lines, fingerprint, out.path)
+    out.stamp = {"run": fingerprint}
+    out.input_hashes = {r.id: input_hash(record_fields(r)) for r in records}
+    done = {line.get("id"): line.get("input_hash") for line in lines}
+    return [r for r in records if done.get(r.id, "") != out.input_hashes[r.id]]
+
+
+def _run_units(units: list[_Unit], runner: _Runner, procs: Processes, progress: bool,
+               start: float) -> None:
     total = sum(len(u.records) for u in units)
     desc = f"iglens run [{procs.rank}]" if procs.world_size > 1 else "iglens run"
     with progress_bar(total=total, desc=desc, unit="record", enabled=progress,
@@ -379,13 +433,3 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
             elapsed = time.perf_counter() - start
             bar.update(len(unit.records))
             bar.set_postfix_str(f"{runner.tokens / max(elapsed, 1e-9):.1f} tokens/s")
-    out.close()
-    procs.barrier()
-    if procs.is_main:
-        out.finalize({r.id: r.index for r in records})
-    # every process counts the merged output (its part file is gone once rank 0 merged it),
-    # so all of them exit with the same status
-    procs.barrier()
-    n_ok, n_errors = _count(out.path)
-    return RunReport(Path(output), len(records), len(records) - len(pending), n_ok, n_errors,
-                     runner.tokens, time.perf_counter() - start)
