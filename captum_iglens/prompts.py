@@ -184,11 +184,21 @@ def target_token_ids(tokenizer: Any, text: str) -> list[int]:
     A leading space matters: ``" Paris"`` and ``"Paris"`` are
     different tokens in byte-level BPE vocabularies, so the ids are what should be reported.
 
+    Warns:
+        UserWarning: ``text`` holds U+FFFD (decoded from a split UTF-8 character): its ids
+            are not the ones it was decoded from.
+
     Raises:
         ValueError: if ``text`` is empty or tokenises to no token.
     """
     if not isinstance(text, str) or not text:
         raise ValueError("The target string is empty: give the text of the token to explain.")
+    if "\ufffd" in text:
+        warnings.warn(
+            f"The text {text[:40]!r} holds U+FFFD replacement characters: it was decoded from "
+            "tokens that split a UTF-8 character, and tokenising it again gives other ids. To "
+            "re-run an answer exactly, pass its token ids (answer_ids in a run record, or "
+            "target=[ids]).", stacklevel=3)
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise ValueError(f"The target {text!r} tokenises to no token.")

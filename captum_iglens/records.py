@@ -38,7 +38,7 @@ __all__ = ["FIELDS", "JSONL_SUFFIXES", "Record", "read_records"]
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 #: The keys a JSON record may have; others are carried under ``"meta"``.
-FIELDS = ("id", "prompt", "text", "answer", "target", "contrast", "positions")
+FIELDS = ("id", "prompt", "text", "answer", "answer_ids", "target", "contrast", "positions")
 
 RecordId = Union[str, int]
 
@@ -53,6 +53,9 @@ class Record:
         prompt (str, optional): A prompt to answer (or to teacher-force ``answer``/``target``).
         text (str, optional): A document to explain at every position (or ``positions``).
         answer (str, optional): Teacher-forced answer text.
+        answer_ids (list[int], optional): Teacher-forced answer as token ids: re-runs a
+            result exactly (its ``answer_ids``), where the decoded text may not re-tokenise
+            to the same ids (a UTF-8 character split across tokens decodes to U+FFFD).
         target (optional): Teacher-forced answer as text or token ids.
         contrast (optional): Foil text or token ids.
         positions (list[int], optional): Answer tokens (prompt records) or positions (text).
@@ -65,6 +68,7 @@ class Record:
     prompt: Optional[str] = None
     text: Optional[str] = None
     answer: Optional[str] = None
+    answer_ids: Optional[list[int]] = None
     target: Any = None
     contrast: Any = None
     positions: Optional[list[int]] = None
@@ -93,8 +97,20 @@ def _problem(data: dict[str, Any]) -> Optional[str]:
         return f"\"{name}\" must be text (a JSON string), got {type(body).__name__} {body!r:.40}"
     if not body.strip():
         return f"the {name} is empty: give some text"
-    if data.get("answer") is not None and data.get("target") is not None:
-        return "give \"answer\" or \"target\", not both"
+    given = [k for k in ("answer", "answer_ids", "target") if data.get(k) is not None]
+    if len(given) > 1:
+        return f"give one of \"answer\", \"answer_ids\" and \"target\", not {given}"
+    if has_text and given:
+        return ("a text record explains its own next tokens: drop "
+                "\"answer\"/\"answer_ids\"/\"target\"")
+    return _field_problem(data)
+
+
+def _field_problem(data: dict[str, Any]) -> Optional[str]:
+    """What is wrong with the optional fields' types, or None."""
+    ids = data.get("answer_ids")
+    if ids is not None and (not _is_int_list(ids) or not ids):
+        return "\"answer_ids\" must be a non-empty list of token ids (ints)"
     if data.get("answer") is not None and not isinstance(data["answer"], str):
         return "\"answer\" must be text"
     for key in ("target", "contrast"):
@@ -102,8 +118,6 @@ def _problem(data: dict[str, Any]) -> Optional[str]:
         if value is not None and not (isinstance(value, str) or _is_int_list(value)
                                       or (isinstance(value, int) and not isinstance(value, bool))):
             return f"\"{key}\" must be text or token ids (an int or a list of ints)"
-    if has_text and (data.get("answer") is not None or data.get("target") is not None):
-        return "a text record explains its own next tokens: drop \"answer\"/\"target\""
     positions = data.get("positions")
     if positions is not None and (not _is_int_list(positions) or not positions):
         return "\"positions\" must be a non-empty list of ints"
@@ -127,7 +141,8 @@ def _record(index: int, number: int, line: str) -> Record:
     if problem:
         return Record(index, rid, prompt=data.get("prompt"), meta=meta, error=problem)
     return Record(index, rid, prompt=data.get("prompt"), text=data.get("text"),
-                  answer=data.get("answer"), target=data.get("target"),
+                  answer=data.get("answer"), answer_ids=data.get("answer_ids"),
+                  target=data.get("target"),
                   contrast=data.get("contrast"), positions=data.get("positions"), meta=meta)
 
 

@@ -132,6 +132,8 @@ def _error_line(record: Record, error: BaseException | str) -> dict[str, Any]:
 def _ok_line(record: Record, result: IGLensResult, seconds: float) -> dict[str, Any]:
     line = {"id": record.id, "index": record.index, "status": "ok", "seconds": seconds,
             **result.to_dict()}
+    # the answer's ids: {"prompt": ..., "answer_ids": ...} re-runs this record exactly
+    line["answer_ids"] = [int(i) for i in result.input_ids[result.prompt_length:]]
     return line | ({"meta": record.meta} if record.meta else {})
 
 
@@ -140,7 +142,9 @@ def _prepare(record: Record, tokenizer: Any, settings: RunSettings) -> AnswerJob
     rendered = render_prompt(tokenizer, record.prompt or "", settings.chat_template,
                              settings.template_kwargs)
     job = AnswerJob(record.prompt or "", rendered)
-    if record.answer is not None:
+    if record.answer_ids is not None:
+        job.answer_ids = list(record.answer_ids)
+    elif record.answer is not None:
         job.answer_ids = target_token_ids(tokenizer, record.answer)
     elif isinstance(record.target, str):
         job.answer_ids = target_token_ids(tokenizer, record.target)
