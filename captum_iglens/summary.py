@@ -9,7 +9,7 @@ killed mid-write leaves a torn last line: :func:`load_results` skips it with a w
 :func:`summarize` pools every explained token of the run: the per-layer mean credit with a
 bootstrap confidence interval that resamples records (the tokens of one answer are not
 independent) and pools their tokens, the distribution of onset layers, the completeness
-over the whole run, the slowest records and every failure.
+over the whole run, the slowest batches and every failure.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import numpy as np
 
 from captum_iglens.results._format import layer_names, num, shorten
 from captum_iglens.results_file import load_results
-from captum_iglens.summary_report import WIDTH, record_label, report_lines
+from captum_iglens.summary_report import WIDTH, record_label, record_name, report_lines
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
 
-#: How many of the slowest records the summary lists.
+#: How many of the slowest batches the summary lists.
 N_SLOWEST = 5
 #: Settings that may differ between records without refusing the run (they are reported).
 SETTINGS = ("model", "method", "baseline", "onset_rule", "onset_frac")
@@ -61,11 +61,11 @@ def _arrays(record: dict, layers: list[int]) -> _Arrays:
         convergence = np.array([t["convergence_delta"] for t in tokens], dtype=np.float64)
         onsets = np.array([t["onset_layer"] for t in tokens], dtype=np.int64)
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"record {record_label(record)}: not an IG-Lens result with {k} "
+        raise ValueError(f"{record_name(record)}: not an IG-Lens result with {k} "
                          f"credits per token ({type(err).__name__}: {err})") from err
     stray = sorted(set(onsets.tolist()) - set(layers))
     if stray:
-        raise ValueError(f"record {record_label(record)}: onset layers {stray} are not among "
+        raise ValueError(f"{record_name(record)}: onset layers {stray} are not among "
                          f"its layers {layers}")
     return _Arrays(credits, delta_p, convergence, onsets)
 
@@ -76,7 +76,7 @@ def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
     try:
         layers = tuple(int(i) for i in record["layers"])
     except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"record {record_label(record)}: no valid 'layers' list ({err})") from err
+        raise ValueError(f"{record_name(record)}: no valid 'layers' list ({err})") from err
     return layers, str(record.get("units", "probability")), is_contrastive(record)
 
 
@@ -193,8 +193,12 @@ class RunSummary:
         max_abs_convergence_delta (float): ``max |sum of credits - delta_p|`` over all
             tokens (0 without tokens).
         worst (dict, optional): Where that maximum is: ``{"id", "token"}``.
-        slowest (list[dict]): Up to :data:`N_SLOWEST` records by ``seconds``, slowest first:
-            ``{"id", "index", "seconds", "tokens"}``.
+        slowest_batches (list[dict]): Up to :data:`N_SLOWEST` batches by their time,
+            slowest first: ``{"ids", "indices", "records", "seconds", "seconds_per_record",
+            "tokens"}``. ``iglens run`` gives every record of a batch (records explained
+            together) the same ``seconds``, its share of the batch's time, so records are
+            grouped by that value: ``seconds`` is the batch's time (the share times its
+            records), ``seconds_per_record`` the share. A document is a batch of one.
         total_seconds (float): Sum of ``seconds`` over the records that have it.
         failures (list[dict]): Every failed record: ``{"id", "index", "error_type",
             "error", "prompt"}``.
@@ -219,7 +223,7 @@ class RunSummary:
     onset_counts: list[int]
     max_abs_convergence_delta: float
     worst: Optional[dict]
-    slowest: list[dict]
+    slowest_batches: list[dict]
     total_seconds: float
     failures: list[dict]
     settings: dict[str, list] = field(default_factory=dict)
@@ -260,7 +264,7 @@ class RunSummary:
                           "resampled": "records (their tokens pooled)"},
             "completeness": {"max_abs_convergence_delta": self.max_abs_convergence_delta,
                              "tokens": self.n_tokens, "worst": self.worst},
-            "slowest": self.slowest, "total_seconds": self.total_seconds,
+            "slowest_batches": self.slowest_batches, "total_seconds": self.total_seconds,
             "failures": self.failures,
         }
 
@@ -268,7 +272,7 @@ class RunSummary:
         """The printed report, at most 100 columns wide.
 
         Counts, the settings, the per-layer table (mean credit, CI, onset count and share),
-        the completeness over the run, the slowest records and every failure.
+        the completeness over the run, the slowest batches and every failure.
         """
         return "\n".join(shorten(line, WIDTH) for line in report_lines(self))
 
@@ -328,7 +332,7 @@ def summarize(
         onset_counts=[int((pooled.onsets == layer).sum()) for layer in layers],
         max_abs_convergence_delta=(float(np.abs(pooled.convergence).max())
                                    if len(pooled.convergence) else 0.0),
-        worst=_worst(records, arrays), slowest=_slowest(with_seconds),
+        worst=_worst(records, arrays), slowest_batches=_slowest_batches(with_seconds),
         total_seconds=float(sum(r["seconds"] for r in with_seconds)),
         failures=[_failure(e) for e in errors], settings=_settings(records),
         n_boot=n_boot, seed=seed, confidence=confidence, torn=torn,
@@ -359,10 +363,19 @@ def _worst(records: Sequence[dict], arrays: Sequence[_Arrays]) -> Optional[dict]
     return best
 
 
-def _slowest(records: Sequence[dict]) -> list[dict]:
-    ranked = sorted(records, key=lambda r: -float(r["seconds"]))[:N_SLOWEST]
-    return [{"id": r.get("id"), "index": r.get("index"), "seconds": float(r["seconds"]),
-             "tokens": len(r.get("tokens", ()))} for r in ranked]
+def _slowest_batches(records: Sequence[dict]) -> list[dict]:
+    """The :data:`N_SLOWEST` slowest batches: records sharing one ``seconds`` value.
+
+    Ties keep file order: the batch whose first record comes first.
+    """
+    batches: dict[float, list[dict]] = {}
+    for record in records:
+        batches.setdefault(float(record["seconds"]), []).append(record)
+    ranked = sorted(batches.items(), key=lambda item: -item[0] * len(item[1]))[:N_SLOWEST]
+    return [{"ids": [r.get("id") for r in group], "indices": [r.get("index") for r in group],
+             "records": len(group), "seconds": share * len(group), "seconds_per_record": share,
+             "tokens": sum(len(r.get("tokens", ())) for r in group)}
+            for share, group in ranked]
 
 
 def _failure(entry: dict) -> dict:

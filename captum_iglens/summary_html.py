@@ -2,9 +2,10 @@
 
 The page holds the printed report, the summary figure, every record's answer with its
 tokens coloured by onset layer, every failure, and per record (up to a cap) a section with
-its token x layer heatmap drawn by :func:`captum_iglens.plot.plot_result`. Figures are
-inline base64 PNGs; there are no external assets, scripts or fonts. All text from the
-results file is escaped with :func:`html.escape`.
+its token x layer heatmap drawn by :func:`captum_iglens.plot.plot_heatmap`. Figures are
+inline base64 PNGs of at most 256 colours (a 64-token answer over 30 layers: about 20 KB);
+there are no external assets, scripts or fonts. All text from the results file is escaped
+with :func:`html.escape`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from __future__ import annotations
 import html
 from typing import Any, Optional, Sequence
 
-from captum_iglens.results._format import layer_names, shorten
-from captum_iglens.summary import RunSummary, record_label
+from captum_iglens.results._format import layer_names, shorten, total_symbol
+from captum_iglens.summary import RunSummary
 from captum_iglens.summary_plot import figure_png_base64, plot_summary
+from captum_iglens.summary_report import record_name
 
 __all__ = ["DEFAULT_MAX_RECORDS", "render_html", "write_html"]
 
 #: Records that get a heatmap section by default; the rest are listed without one.
 DEFAULT_MAX_RECORDS = 200
-_HEATMAP_DPI = 80
+_HEATMAP_DPI = 72
 _LIST_PROMPT_CHARS = 300  # a prompt (or a document's text) in the lists
 _SECTION_PROMPT_CHARS = 3000  # in a record's own section
 _STYLE = """
@@ -66,12 +68,15 @@ def _legend(summary: RunSummary, colours: dict[int, tuple[str, str]]) -> str:
     return f'<p class="legend">Tokens are coloured by their onset layer: {spans}</p>'
 
 
-def _token_span(token: dict, colours: dict[int, tuple[str, str]], contrastive: bool) -> str:
+def _token_span(token: dict, colours: dict[int, tuple[str, str]], summary: RunSummary) -> str:
     bg, fg = colours.get(int(token["onset_layer"]), ("#ccc", "#000"))
     onset = layer_names([int(token["onset_layer"])])[0]
-    tip = (f"onset {onset}, p_final {token.get('p_final', float('nan')):.4g}, "
-           f"delta_p {token.get('delta_p', float('nan')):.4g}")
-    if contrastive and token.get("contrast_token") is not None:
+    final = ("F" if summary.contrastive else "p" if summary.units == "probability"
+             else "log p")
+    tip = (f"onset {onset}, {final} {token.get('p_final', float('nan')):.4g}, "
+           f"{total_symbol(summary.units, summary.contrastive)} "
+           f"{token.get('delta_p', float('nan')):.4g}")
+    if summary.contrastive and token.get("contrast_token") is not None:
         tip += f", foil {token['contrast_token']!r}"
     return (f'<span class="tok" style="background:{bg};color:{fg}" title="{_esc(tip)}">'
             f"{_esc(token['token'])}</span>")
@@ -79,9 +84,9 @@ def _token_span(token: dict, colours: dict[int, tuple[str, str]], contrastive: b
 
 def _answer_item(position: int, record: dict, summary: RunSummary,
                  colours: dict[int, tuple[str, str]], linked: bool) -> str:
-    label = _esc(record_label(record))
+    label = _esc(record_name(record))
     head = f'<a href="#{_anchor(position)}">{label}</a>' if linked else label
-    tokens = "".join(_token_span(t, colours, summary.contrastive) for t in record["tokens"])
+    tokens = "".join(_token_span(t, colours, summary) for t in record["tokens"])
     prompt = shorten(str(record.get("prompt") or ""), _LIST_PROMPT_CHARS)
     return (f'<li>{head} <span class="prompt">prompt: {_esc(prompt)}</span>'
             f'<div class="answer">{tokens}</div></li>')
@@ -91,7 +96,7 @@ def _failure_item(failure: dict) -> str:
     prompt = failure.get("prompt")
     shown = (f' <span class="prompt">(prompt: {_esc(shorten(str(prompt), _LIST_PROMPT_CHARS))})'
              "</span>" if prompt is not None else "")
-    return (f"<li>{_esc(record_label(failure))}: <b>{_esc(failure['error_type'])}</b>: "
+    return (f"<li>{_esc(record_name(failure))}: <b>{_esc(failure['error_type'])}</b>: "
             f"{_esc(failure['error'])}{shown}</li>")
 
 
@@ -103,18 +108,20 @@ def _failure_items(summary: RunSummary) -> str:
 
 def _heatmap_section(position: int, record: dict) -> str:
     """A record's section: id, prompt, answer and its heatmap (or why there is none)."""
-    from captum_iglens.plot import plot_result
+    from captum_iglens.plot import plot_heatmap
     from captum_iglens.results import IGLensResult
 
     try:
-        image = figure_png_base64(plot_result(IGLensResult.from_dict(record)), _HEATMAP_DPI)
+        image = figure_png_base64(plot_heatmap(IGLensResult.from_dict(record)), _HEATMAP_DPI)
         body = (f'<img src="data:image/png;base64,{image}" alt="token x layer heatmap of '
-                f'record {_esc(record_label(record))}">')
+                f'{_esc(record_name(record))}">')
     except (KeyError, TypeError, ValueError) as err:
         body = f'<p class="note">No heatmap: {_esc(type(err).__name__)}: {_esc(err)}</p>'
     seconds = record.get("seconds")
-    timing = f", {seconds:.2f} s" if isinstance(seconds, (int, float)) else ""
-    return (f'<section id="{_anchor(position)}"><h3>Record {_esc(record_label(record))} '
+    timing = (f", {seconds:.2f} s, its share of its batch's time"
+              if isinstance(seconds, (int, float)) else "")
+    name = record_name(record)
+    return (f'<section id="{_anchor(position)}"><h3>{_esc(name[0].upper() + name[1:])} '
             f"(input index {_esc(record.get('index', '?'))}{timing})</h3>"
             f'<p class="prompt">prompt: '
             f'{_esc(shorten(str(record.get("prompt") or ""), _SECTION_PROMPT_CHARS))}</p>'

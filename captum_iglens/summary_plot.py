@@ -82,16 +82,30 @@ def _rule(summary: RunSummary) -> str:
     return "rules " + ", ".join(map(str, rules)) if len(rules) > 1 else f"{rules[0]} rule"
 
 
-def figure_png_base64(fig: Figure, dpi: int = 100) -> str:
+def figure_png_base64(fig: Figure, dpi: int = 100, colours: Optional[int] = 256) -> str:
     """``fig`` as a base64 PNG, for a ``data:image/png;base64,`` URL.
+
+    With ``colours`` the PNG is a palette image of at most that many colours (median cut,
+    no dithering): about a third of the bytes of the full-colour PNG of a heatmap, with
+    no visible loss.
 
     Args:
         fig (Figure): A matplotlib figure.
         dpi (int, optional): Resolution. Default: 100.
+        colours (int, optional): Palette size (2 to 256); ``None`` keeps full colour.
+            Default: 256.
 
     Returns:
         str: ASCII base64 of the PNG bytes.
     """
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
+    if colours is not None:
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+        palette = image.quantize(colors=colours, method=Image.Quantize.MEDIANCUT,
+                                 dither=Image.Dither.NONE)
+        buffer = io.BytesIO()
+        palette.save(buffer, format="png", optimize=True)
     return base64.b64encode(buffer.getvalue()).decode("ascii")

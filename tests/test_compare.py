@@ -296,8 +296,42 @@ def test_dict_table_and_plot(report) -> None:
     heights = sorted(float(b.get_height()) for b in bars)
     expected = sorted(float(v) for m in report.methods.values() if m.is_credit for v in m.per_layer)
     assert heights == expected
-    totals = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--")
-    assert totals == sorted(m.total for m in report.methods.values() if m.is_credit)
+    # one reference for every method: their shared total F(x) - F(x') is drawn once
+    totals = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(totals) == 1 and "every method's" in totals[0].get_label()
+    # exact: the plotted value is this very float64 subtraction
+    assert totals[0].get_ydata()[0] == report.f_input - report.f_baseline
+    _check_level_panel(fig, ax, report)
+
+
+def _check_level_panel(fig, ax, report) -> None:
+    """The logit-lens levels in a panel of their own under the bars, on its own axis."""
+    levels = [a for a in fig.axes if a is not ax]
+    assert len(levels) == 1 and "logit-lens p" in levels[0].get_ylabel()
+    assert levels[0].get_ylim() == pytest.approx((-0.02, 1.02))
+    line = next(ln for ln in levels[0].get_lines() if ln.get_marker() == "o")
+    # exact: the plotted values are the report's own, float32 widened to float64
+    assert list(line.get_ydata()) == [float(v) for v in report["logit_lens"].per_layer]
+    assert not any(ln.get_marker() == "o" for ln in ax.get_lines())
+    # below the credit panel, not a twin axis over it
+    assert levels[0].get_position().y1 < ax.get_position().y0
+
+
+def test_plot_with_an_own_lens_baseline_draws_each_distinct_total_once(tiny4) -> None:
+    rep = compare_completeness(tiny4, _ids(), n_steps=8, lens_baseline="mean")
+    fig = rep.plot()
+    ax = fig.axes[0]
+    totals = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()
+              if line.get_linestyle() == "--"}
+    assert len(totals) == 2  # LayerIG and LayerCond share F(x) - F(x'); IG-Lens has its Δp
+    captum = next(label for label in totals if label.startswith("total F(x) - F(x')"))
+    assert "LayerIG" in captum and "LayerCond" in captum
+    # exact: the plotted values are these very floats
+    assert totals[captum] == rep.f_input - rep.f_baseline
+    own = next(label for label in totals if label.startswith("total Δp"))
+    # exact: the plotted value is this very float
+    assert totals[own] == rep["ig_lens"].total and "IG-Lens" in own
+    _check_level_panel(fig, ax, rep)
 
 
 @pytest.mark.numerics

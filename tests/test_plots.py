@@ -23,7 +23,7 @@ from tiny_families import make_family  # noqa: E402
 from tiny_tokenizer import word_tokenizer  # noqa: E402
 
 from captum_iglens import explain  # noqa: E402
-from captum_iglens.plot import plot_result  # noqa: E402
+from captum_iglens.plot import plot_heatmap, plot_result  # noqa: E402
 from captum_iglens.results import IGLensResult  # noqa: E402
 
 PROMPT = " ".join(f"w{i}" for i in range(60))  # long enough to be cut in the title
@@ -204,3 +204,29 @@ def test_top1_grid_skipped_when_too_many_layers() -> None:
     assert not any(ax.texts for ax in fig.axes)
     assert fig.get_size_inches()[0] <= 24
     _assert_texts_inside(fig)
+
+
+def test_log_units_caption_names_delta_log_p(long_result) -> None:
+    log = dataclasses.replace(long_result, units="log-probability")
+    caption = " ".join(plot_result(log).get_supxlabel().split())
+    assert "stays at or beyond 0.5·Δlog p" in caption and "Δp" not in caption
+    assert "Credit in log-probability, nats" in caption
+
+
+def test_plot_heatmap_is_the_credit_panel_alone(long_result) -> None:
+    fig = plot_heatmap(long_result)
+    _assert_texts_inside(fig)
+    maps = [ax for ax in fig.axes if ax.images]
+    assert len(maps) == 1 and not any(ax.get_lines() for ax in fig.axes)  # no trajectory
+    ax = maps[0]
+    torch.testing.assert_close(torch.as_tensor(ax.images[0].get_array().data),
+                               long_result.attributions.float(), atol=0, rtol=0)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) == 32 and labels[0] == f"0 {long_result.tokens[0]!r}"
+    assert len(ax.collections[0].get_offsets()) == 32  # every onset boxed
+    bar = next(a for a in fig.axes if a is not ax)
+    assert bar.get_ylabel() == "IG-Lens credit (probability)"
+    # compact: 0.14 inch per token, 0.16 per layer, beside 3.2 inches of labels
+    width, height = fig.get_size_inches()
+    assert height == pytest.approx(1.3 + 0.14 * 32, rel=1e-9)
+    assert width == pytest.approx(3.2 + 0.16 * len(long_result.layer_indices), rel=1e-9)

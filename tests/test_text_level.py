@@ -107,6 +107,21 @@ def test_table_fits_100_columns_prints_zeros_and_has_a_legend() -> None:
     assert "*" in table  # given tokens that are not the argmax are marked
 
 
+def test_log_probability_table_names_its_total_and_units() -> None:
+    model = make_family("llama", n_blocks=4)
+    result = _quiet_explain(model, word_tokenizer(), "w1 w2 w3", target=[10, 11, 12],
+                            chat_template=False, units="log-probability")
+    table = result.format_table()
+    rows = {line.split("|")[0].strip(): line for line in table.splitlines() if "|" in line}
+    assert "Δlog p" in rows and "log p" in rows and "Δp" not in rows
+    assert f"{float(result.delta_p[0]):+.6f}" in rows["Δlog p"]
+    legend = " ".join(table.split())
+    assert "Δlog p: log p minus the readout at the baseline (log-probability, nats)" in legend
+    assert "0.5·Δlog p" in legend and "max |sum - Δlog p|" in legend
+    assert "Δp" not in table
+    assert all(len(line) <= 100 for line in table.splitlines())
+
+
 def test_partial_utf8_tokens_are_labelled_readably(smollm2) -> None:
     _, tokenizer = smollm2
     ids = tokenizer("🙂 ok", add_special_tokens=False)["input_ids"]

@@ -35,3 +35,6 @@ def test_notebook_executes(name: str, tmp_path: Path) -> None:
     assert len(images) >= 1  # the figures were drawn
     text = "".join(o.get("text", "") for c in code for o in c.outputs)
     assert "IG-Lens" in text or "completeness" in text
+    # tqdm.auto (imported by transformers) warns "IProgress not found" in a kernel without
+    # ipywidgets, which the test and tutorials extras install
+    assert "TqdmWarning" not in text and "IProgress" not in text

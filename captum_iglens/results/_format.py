@@ -40,6 +40,17 @@ def readout_words(units: str, contrastive: bool) -> str:
     return "log p(y) - log p(foil), nats" if contrastive else "log-probability, nats"
 
 
+def total_symbol(units: str, contrastive: bool) -> str:
+    """The symbol of what a result's credits add up to, for tables, legends and captions.
+
+    ``"Δp"`` (probability), ``"Δlog p"`` (log-probability, nats), or ``"ΔF"`` for
+    contrastive results, whose ``F`` is ``p(y) - p(foil)`` or its log-ratio.
+    """
+    if contrastive:
+        return "ΔF"
+    return "Δp" if units == "probability" else "Δlog p"
+
+
 def shorten(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters with an ellipsis."""
     return text if len(text) <= width else text[: width - 1] + "…"

@@ -215,11 +215,13 @@ class CompletenessReport:
         return self.format_table()
 
     def plot(self, ax: Any = None, title: Optional[str] = None) -> Any:
-        """Grouped bars per layer per method, each method's own total as a horizontal line.
+        """Grouped bars per layer per method, the total they decompose, the lens levels.
 
+        The shared total ``F(x) - F(x')`` is drawn once (each method's own total when
+        IG-Lens has a baseline of its own); the logit-lens levels get a panel of their own.
         Delegates to :func:`captum_iglens.plot.plot_completeness`. Returns the matplotlib
         ``Figure`` (created without pyplot's global state unless ``ax`` is given).
         """
-        from captum_iglens.plot import plot_completeness
+        from captum_iglens.plot_completeness import plot_completeness
 
         return plot_completeness(self, ax=ax, title=title)

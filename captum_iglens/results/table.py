@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-from captum_iglens.results._format import readout_words, shorten
+from captum_iglens.results._format import readout_words, shorten, total_symbol
 
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
@@ -24,11 +24,12 @@ def format_number(value: float, signed: bool = True, digits: int = 5) -> str:
 
 def _row_names(result: IGLensResult) -> tuple[str, str, str]:
     """Names of the level column, the total row and the final-value row."""
+    total = total_symbol(result.units, result.contrastive)
     if result.contrastive:
-        return "lens F", "ΔF", "F"
+        return "lens F", total, "F"
     if result.units == "probability":
-        return "lens p", "Δp", "p"
-    return "lens lp", "Δp", "log p"
+        return "lens p", total, "p"
+    return "lens lp", total, "log p"
 
 
 def _head(result: IGLensResult, cols: list[int]) -> list[str]:
@@ -98,13 +99,13 @@ def _legend(result: IGLensResult) -> list[str]:
     if result.contrastive:
         return _contrast_legend(result) + _argmax_legend(result)
     unit = readout_words(result.units, False)
-    rule = _onset_rule(result, "Δp")
-    lens, p = ("lens p", "p") if result.units == "probability" else ("lens lp", "log p")
+    lens, total, p = _row_names(result)
     text = (f"IG: the layer's IG-Lens credit ({unit}); {lens}: logit-lens readout f(h_L) of the "
-            f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum; Δp: "
-            f"{p} minus the readout at the baseline, what the credits add up to; {p}: the "
+            f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum; "
+            f"{total}: {p} minus the readout at the baseline ({unit}), what the credits add up "
+            f"to; {p}: the "
             f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
-            f"onset: {rule} ({result.onset_rule} rule).")
+            f"onset: {_onset_rule(result, total)} ({result.onset_rule} rule).")
     return textwrap.wrap(text, 100) + _argmax_legend(result)
 
 
