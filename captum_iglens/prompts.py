@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from datetime import datetime
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
@@ -26,6 +28,7 @@ __all__ = [
     "target_token_ids",
     "template_uses_clock",
     "token_labels",
+    "pinned_clock",
 ]
 
 #: Chat-template names through which a template reads the clock (Llama-3.1/3.2, Granite 3.x).
@@ -54,6 +57,50 @@ def template_uses_clock(tokenizer: Any) -> bool:
     template = getattr(tokenizer, "chat_template", None)
     texts = template.values() if isinstance(template, dict) else [template or ""]
     return any(_CLOCK.search(str(t)) for t in texts)
+
+
+#: The form of a pinned date, as Llama-3.1-style templates write it ("26 Jul 2024").
+DATE_FORMAT = "%d %b %Y"
+
+
+@contextmanager
+def pinned_clock(date_string: Optional[str]) -> Iterator[None]:
+    """Make a chat template's ``strftime_now`` read ``date_string`` instead of the clock.
+
+    Llama-3.1-style templates take the date from their ``date_string`` variable; others
+    (Granite-3.1, Mistral-Small-3.1, SmolLM3 style) call ``strftime_now`` directly, which a
+    variable cannot reach. transformers' ``strftime_now`` calls ``datetime.now()`` of its
+    module at render time: inside this block that returns the pinned date (noon, local
+    time), so both kinds of template write it, in any ``strftime`` format.
+
+    Args:
+        date_string (str, optional): ``"DD Mon YYYY"`` (e.g. ``"26 Jul 2024"``); ``None``
+            leaves the clock alone.
+
+    Raises:
+        ValueError: a date not in that form.
+    """
+    if date_string is None:
+        yield
+        return
+    try:
+        day = datetime.strptime(str(date_string), DATE_FORMAT).replace(hour=12)
+    except ValueError as err:
+        raise ValueError(f"date_string={date_string!r} is not a date like '26 Jul 2024' "
+                         "(day, month abbreviation, year).") from err
+    from transformers.utils import chat_template_utils
+
+    class _Pinned(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # noqa: D102
+            return day if tz is None else day.replace(tzinfo=tz)
+
+    saved = chat_template_utils.datetime
+    chat_template_utils.datetime = _Pinned
+    try:
+        yield
+    finally:
+        chat_template_utils.datetime = saved
 
 
 def _nonempty(ids: list[int], prompt: str) -> list[int]:
@@ -96,8 +143,10 @@ def render_prompt(
         used and whether it reads the clock.
 
     Warns:
-        UserWarning: no chat template (the raw prompt is used), or a template that writes
-            today's date without ``date_string`` pinned.
+        UserWarning: no chat template (the raw prompt is used), a template that writes
+            today's date without ``date_string`` pinned, or a pinned ``date_string`` that a
+            template without a date cannot use. A pin reaches templates that read the
+            variable and those that call ``strftime_now`` (:func:`pinned_clock`).
 
     Raises:
         ValueError: an empty prompt, or a tokenizer that turns it into no tokens.
@@ -106,10 +155,14 @@ def render_prompt(
         raise ValueError("The prompt is empty: give some text to explain.")
     if chat_template and getattr(tokenizer, "chat_template", None):
         pinned = dict(template_kwargs or {})
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True,
-            **pinned,
-        )
+        if "date_string" in pinned and not template_uses_clock(tokenizer):
+            warnings.warn(f"date_string={pinned['date_string']!r} has no effect: this "
+                          "tokenizer's chat template writes no date.", stacklevel=3)
+        with pinned_clock(pinned.get("date_string")):
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False,
+                add_generation_prompt=True, **pinned,
+            )
         clock = template_uses_clock(tokenizer) and "date_string" not in pinned
         if clock:
             warnings.warn(

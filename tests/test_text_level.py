@@ -227,3 +227,29 @@ def test_explain_refuses_what_iglens_run_refuses_beyond_the_context() -> None:
     with pytest.raises(ValueError, match="the 8-token answer"):
         explain_ids(model, list(range(5, 10)), list(range(10, 18)))
     assert explain_ids(model, list(range(5, 9)), list(range(10, 18))).attributions.shape[0] == 8
+
+
+STRFTIME_TEMPLATE = (
+    "Today: {{ strftime_now('%d %B %Y') }}\n{% for m in messages %}{{ m['content'] }}"
+    "{% endfor %}"
+)
+
+
+def test_a_date_pin_pins_templates_that_call_strftime_now() -> None:
+    """Granite-3.1 / Mistral-Small-3.1 / SmolLM3-style templates call strftime_now directly
+    (no date_string variable): the pin reaches them through the template's clock."""
+    tok = word_tokenizer(chat_template=STRFTIME_TEMPLATE)
+    with pytest.warns(UserWarning, match="writes today's date"):
+        today = render_prompt(tok, "w1 w2")
+    assert today.uses_clock
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pin that works: no warning
+        pinned = render_prompt(tok, "w1 w2", template_kwargs={"date_string": "26 Jul 2024"})
+    assert pinned.text.startswith("Today: 26 July 2024\n") and not pinned.uses_clock
+    # the clock is only pinned while rendering
+    again = render_prompt(tok, "w1 w2", template_kwargs={"date_string": "01 Jan 2025"})
+    assert again.text.startswith("Today: 01 January 2025\n")
+    # a pin the template cannot use says so
+    plain = word_tokenizer(chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.warns(UserWarning, match="has no effect"):
+        render_prompt(plain, "w1 w2", template_kwargs={"date_string": "26 Jul 2024"})

@@ -69,8 +69,9 @@ def _template_texts(tokenizer: Any) -> list[str]:
 def warn_unused_template_date(args: argparse.Namespace, tokenizer: Any) -> None:
     """Warn on stderr when ``--template-date`` cannot change the prompt of this model.
 
-    The pin reaches a template through its ``date_string`` variable; a template without
-    that variable either writes no date or reads the clock in a way the pin cannot reach.
+    The pin reaches a template through its ``date_string`` variable or its ``strftime_now``
+    clock (:func:`~captum_iglens.prompts.pinned_clock`); a template with neither writes no
+    date.
 
     Args:
         args (Namespace): The checked arguments (``template_date`` may be absent).
@@ -81,13 +82,10 @@ def warn_unused_template_date(args: argparse.Namespace, tokenizer: Any) -> None:
     if not getattr(args, "template_date", None):
         return
     texts = _template_texts(tokenizer)
-    if any("date_string" in text for text in texts):
-        return
+    if template_uses_clock(tokenizer):
+        return  # the pin reaches date_string and strftime_now alike
     if not texts:
         why = "this model's tokenizer has no chat template"
-    elif template_uses_clock(tokenizer):
-        why = ("this model's chat template reads the clock without a date_string variable, "
-               "which is what the pin sets")
     else:
         why = "this model's chat template writes no date"
     print(f"iglens: warning: --template-date {args.template_date!r} has no effect: {why}",
