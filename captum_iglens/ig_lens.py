@@ -21,6 +21,7 @@ from captum_iglens._inputs import (
     is_int,
     resolve_layer_indices,
 )
+from captum_iglens._model_changes import ModelStructure, check_unchanged
 from captum_iglens._pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
 from captum_iglens.architectures import (
     input_embeddings,
@@ -122,6 +123,8 @@ class IGLens(GradientAttribution):
             decoder_blocks if decoder_blocks is not None else resolve_decoder_blocks(model)
         )
         self.readout = readout if readout is not None else resolve_readout(model)
+        self._structure = ModelStructure.of(model, self.decoder_blocks, self.readout,
+                                            located=readout is None)
         self.layer_indices = resolve_layer_indices(
             layers, self.decoder_blocks, input_embeddings(model)
         )
@@ -249,6 +252,7 @@ class IGLens(GradientAttribution):
             >>> attr = lens.attribute(ids, ref, target)    # adds up to F(x) - F(x')
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
+        check_unchanged(self)
         out, single = run_lens(
             self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, contrast=contrast,
@@ -301,6 +305,7 @@ class IGLens(GradientAttribution):
             TypeError: ``explained`` not a bool tensor.
         """
         check_top_k(top_k, vocab_size(self.model))
+        check_unchanged(self)
         out, _ = run_lens(
             self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, int(top_k), contrast, explained,
@@ -346,6 +351,7 @@ class IGLens(GradientAttribution):
             ValueError: ``attributions`` of another shape; and as :meth:`attribute`.
         """
         base = "mean" if start_point is None else start_point
+        check_unchanged(self)
         out, single = run_lens(self, end_point, base, target, additional_forward_args, 2,
                                "prediction_aware", internal_batch_size, positions,
                                contrast=contrast)

@@ -114,8 +114,16 @@ def resolve_readout(model: nn.Module) -> LensReadout:
 
     Raises:
         UnknownArchitectureError: if the final norm or the unembedding cannot be located.
+        ValueError: a dynamically quantized unembedding (its scale depends on the call's
+            other rows, so the readout cannot be exact).
     """
     parts = locate_parts(model)
+    if "quantized.dynamic" in type(parts.unembed).__module__:
+        raise ValueError(
+            f"The unembedding is dynamically quantized ({type(parts.unembed).__name__}): it "
+            "picks its activation scale from all rows of each call, so no readout of one "
+            "residual can equal the model's own logits. Quantize the decoder blocks only "
+            "(leave lm_head out of quantize_dynamic's qconfig_spec) or keep a float head.")
     return LensReadout(
         parts.final_norm, parts.unembed, parts.pre_unembed, parts.logit_transform, parts.name
     )

@@ -8,8 +8,13 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from captum_iglens._inputs import LayerSpec
-from captum_iglens.architectures import check_context, display_name, strip_parallel
+from captum_iglens._inputs import LayerSpec, check_token_ids
+from captum_iglens.architectures import (
+    check_context,
+    display_name,
+    strip_parallel,
+    vocab_size,
+)
 from captum_iglens.batched import AnswerJob, explain_recorded
 from captum_iglens.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
 from captum_iglens.ig_lens import IGLens
@@ -264,6 +269,7 @@ def _explain_one(
 ) -> IGLensResult:
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
     foils = foil_ids(tokenizer, contrast)
+    check_token_ids(torch.tensor([rendered.ids]), vocab_size(model))  # before generate
     if target is None:
         check_context(model, len(rendered.ids), max_new_tokens, generated=True)
     baselines = attribute_kwargs.get("baselines", "mean")

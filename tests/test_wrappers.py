@@ -83,3 +83,35 @@ def test_captum_text_input_with_an_appended_end_token_explains_the_prompt() -> N
             TextTokenInput("w1 w2 w3", with_eos, baselines="w9"), target=torch.tensor([20, 21]))
     # the same ids through the same calls once the end token is dropped: bit for bit
     assert torch.equal(got.token_attr, want.token_attr)
+
+
+def test_a_model_edited_after_the_lens_was_built_says_build_a_new_lens() -> None:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from captum_iglens._model_changes import ModelChangedError
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model = make_tiny("llama").eval()
+    lens = IGLens(model)
+    del model.model.layers[-1]  # a block pruned
+    with pytest.raises(ModelChangedError, match="3 -> 2 blocks.*Build a new IGLens"):
+        lens.attribute(ids)
+    assert IGLens(model).attribute(ids).shape == (1, 2)  # a new lens works
+    model = make_tiny("llama").eval()
+    lens = IGLens(model)
+    model.model.norm = LlamaRMSNorm(64)  # the final norm replaced
+    with pytest.raises(ModelChangedError, match="final norm was replaced"):
+        lens.attribute(ids)
+
+
+def test_a_dynamically_quantized_head_is_refused_with_what_to_do() -> None:
+    from torch.ao.quantization import quantize_dynamic
+
+    model = make_tiny("llama").eval()
+    whole = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    with pytest.raises(ValueError, match="dynamically quantized.*leave lm_head out"):
+        IGLens(whole)
+    blocks_only = quantize_dynamic(make_tiny("llama").eval(), {"model.layers"},
+                                   dtype=torch.qint8)
+    out = IGLens(blocks_only).attribute_details(torch.tensor([[5, 6, 7, 8]]))
+    assert torch.isfinite(out.attributions).all()
