@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-__all__ = ["FIELDS", "JSONL_SUFFIXES", "Record", "read_records"]
+__all__ = [
+    "FIELDS", "JSONL_SUFFIXES", "Record", "read_document", "read_records"]
 
 #: File suffixes read as JSON lines (any case); other files hold one prompt a line.
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -206,3 +207,37 @@ def _check_unique(records: list[Record], path: Path) -> None:
                              f"{record.index + 1} share the id {record.id!r}; ids must be "
                              "unique (a resumed run skips the ids already done).")
         seen[record.id] = record.index
+
+
+def read_document(path: Union[str, Path]) -> tuple[str, list[str]]:
+    """The text of a document file, line endings normalised, and what was normalised.
+
+    CRLF (Windows) and lone CR (old Mac) line endings become LF and a UTF-8 byte-order mark
+    is dropped, so a document gives the same tokens whichever system wrote it; each change
+    is named in the returned notes (``iglens run`` records them in the result's
+    ``meta["normalised"]`` and warns), never made silently.
+
+    Args:
+        path (str or Path): A UTF-8 text file.
+
+    Returns:
+        tuple: the text and a list of notes (empty when the file was used as it is).
+
+    Raises:
+        OSError: the file cannot be read.
+        UnicodeDecodeError: it is not UTF-8.
+    """
+    raw = Path(path).read_bytes().decode("utf-8")
+    notes = []
+    if raw.startswith("\ufeff"):
+        raw = raw[1:]
+        notes.append("a UTF-8 byte-order mark was dropped")
+    crlf = raw.count("\r\n")
+    if crlf:
+        raw = raw.replace("\r\n", "\n")
+        notes.append(f"{crlf} CRLF line endings became LF")
+    lone = raw.count("\r")
+    if lone:
+        raw = raw.replace("\r", "\n")
+        notes.append(f"{lone} CR line endings became LF")
+    return raw, notes

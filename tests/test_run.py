@@ -579,6 +579,30 @@ def test_text_file_writes_one_document_record(tiny_folder, tmp_path, capsys):
     assert {t["contrast_id"] for t in line["tokens"]} == {7}
 
 
+
+def test_a_crlf_text_file_is_normalised_and_says_so(tiny_folder, tmp_path, capsys):
+    """A Windows-written document gives the same tokens as its LF twin, and the output and
+    stderr name the normalisation (it used to happen silently)."""
+    from captum_iglens.records import read_document
+
+    body = ["w4 w5 w6", "w7 w8", "w9 w10"]
+    crlf, lf = tmp_path / "crlf.txt", tmp_path / "lf.txt"
+    crlf.write_bytes(("\ufeff" + "\r\n".join(body) + "\r\n").encode("utf-8"))
+    lf.write_bytes(("\n".join(body) + "\n").encode("utf-8"))
+    text, notes = read_document(crlf)
+    assert text == lf.read_text(encoding="utf-8")
+    assert notes == ["a UTF-8 byte-order mark was dropped", "3 CRLF line endings became LF"]
+    assert read_document(lf)[1] == []
+    got = {}
+    for source in (crlf, lf):
+        out = tmp_path / f"{source.stem}.jsonl"
+        assert main(["run", "--model", str(tiny_folder), "--text-file", str(source),
+                     "--output", str(out), "--no-progress"]) == 0
+        (got[source.stem],) = lines(out)
+    assert "3 CRLF line endings became LF" in capsys.readouterr().err
+    assert got["crlf"]["meta"]["normalised"] == notes and "meta" not in got["lf"]
+    assert got["crlf"]["input_ids"] == got["lf"]["input_ids"]
+
 # ------------------------------------------------------------------------- 7. records
 def test_read_records_ids_meta_and_text_files(tmp_path):
     path = write_jsonl(tmp_path / "r.jsonl", [

@@ -131,14 +131,18 @@ def _cuda() -> bool:
 
 
 def _records(args: argparse.Namespace) -> list[Any]:
-    from captum_iglens.records import Record, read_records
+    from captum_iglens.records import Record, read_document, read_records
 
     if args.text_file:
         try:
-            text = Path(args.text_file).read_text(encoding="utf-8")
+            text, notes = read_document(args.text_file)
         except (OSError, UnicodeDecodeError) as err:
             raise UsageError(f"cannot read --text-file {args.text_file!r}: {err}") from err
+        if notes:
+            print(f"iglens: warning: --text-file {args.text_file!r}: {'; '.join(notes)} "
+                  "(recorded in the result's meta)", file=sys.stderr)
         records = [Record(0, Path(args.text_file).name, text=text,
+                          meta={"normalised": notes} if notes else {},
                           error=None if text.strip() else "the text file is empty")]
     else:
         try:
