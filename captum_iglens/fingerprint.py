@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from captum_iglens.architectures import display_name, unwrap_model
+from captum_iglens.results_file import RunMismatchError
 
 __all__ = [
     "FINGERPRINT_KEYS",
@@ -38,10 +39,6 @@ __all__ = [
 FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "method",
                     "n_steps", "baselines", "max_new_tokens", "chat_template", "template_kwargs",
                     "onset_frac", "onset_rule", "top_k", "stride")
-
-
-class RunMismatchError(ValueError):
-    """A results file was written by another model, package version or other settings."""
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -184,3 +181,4 @@ def record_fields(record: Any) -> dict[str, Optional[Any]]:
     """The input fields of a record that its numbers depend on."""
     keys = ("prompt", "text", "answer", "answer_ids", "target", "contrast", "positions")
     return {key: getattr(record, key, None) for key in keys}
+

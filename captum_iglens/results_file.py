@@ -17,10 +17,14 @@ import warnings
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
-__all__ = ["NotAResultsFile", "ResultsFile", "ResultsWriteError", "check_results_file",
-           "load_results", "read_lines"]
+__all__ = ["NotAResultsFile", "ResultsFile", "ResultsWriteError", "RunMismatchError",
+           "check_one_run", "check_results_file", "load_results", "read_lines"]
+
+
+class RunMismatchError(ValueError):
+    """Results of another run: another model, package version or numeric setting."""
 
 
 class NotAResultsFile(ValueError):
@@ -378,3 +382,30 @@ def _warn_duplicate_ids(entries: list[dict], path: Union[str, Path]) -> None:
         warnings.warn(f"{path}: ids appear more than once ({', '.join(repeated[:5])}"
                       f"{' ...' if len(repeated) > 5 else ''}): each line is summarized as its "
                       "own record", stacklevel=3)
+
+
+def check_one_run(records: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse to pool records that different runs (fingerprints) produced.
+
+    Records without a fingerprint (files from before fingerprints) form a group of their own.
+
+    Raises:
+        RunMismatchError: naming each run's model, digest and first ids, and how to pool
+            them anyway.
+    """
+    groups: dict[str, list[str]] = {}
+    models: dict[str, str] = {}
+    for record in records:
+        run = record.get("run")
+        digest = str(run.get("digest")) if isinstance(run, Mapping) else "none recorded"
+        groups.setdefault(digest, []).append(repr(record.get("id")))
+        models.setdefault(digest, str(run.get("model")) if isinstance(run, Mapping) else "?")
+    if len(groups) <= 1:
+        return
+    parts = [f"run {digest} (model {models[digest]}): ids {', '.join(ids[:4])}"
+             + (f" and {len(ids) - 4} more" if len(ids) > 4 else "")
+             for digest, ids in groups.items()]
+    raise RunMismatchError(
+        f"the records come from {len(groups)} different runs (model, weights or settings): "
+        f"{'; '.join(parts)}. Their numbers are not one population: summarize each run's "
+        "file on its own, or pool them anyway with --allow-mixed-runs (mixed_runs=True).")

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from captum_iglens.results._format import layer_names, num, shorten
-from captum_iglens.results_file import load_results
+from captum_iglens.results_file import check_one_run, load_results
 from captum_iglens.summary_report import WIDTH, record_label, record_name, report_lines
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
@@ -283,7 +283,7 @@ class RunSummary:
 
 def summarize(
     records: Sequence[dict], errors: Sequence[dict] = (), n_boot: int = 1000, seed: int = 0,
-    confidence: float = 0.95, torn: int = 0,
+    confidence: float = 0.95, torn: int = 0, mixed_runs: bool = False,
 ) -> RunSummary:
     """Pool the records of a run into a :class:`RunSummary`.
 
@@ -298,6 +298,8 @@ def summarize(
         seed (int, optional): Bootstrap seed. Default: 0.
         confidence (float, optional): Confidence level in (0, 1). Default: 0.95.
         torn (int, optional): Torn lines skipped while loading, for the report. Default: 0.
+        mixed_runs (bool, optional): Pool records of different run fingerprints (models or
+            settings; see :func:`~captum_iglens.fingerprint.check_one_run`). Default: False.
 
     Returns:
         RunSummary
@@ -306,6 +308,7 @@ def summarize(
         ValueError: nothing to summarize, ``n_boot`` < 1, ``confidence`` outside (0, 1),
             records that differ in layers, units or contrastive mode (the message names the
             ids of each group), or a record whose tokens do not hold its layers' credits.
+        RunMismatchError: records of different runs, unless ``mixed_runs``.
     """
     if not records and not errors:
         raise ValueError("nothing to summarize: no record and no error")
@@ -313,6 +316,8 @@ def summarize(
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if not mixed_runs:
+        check_one_run(records)
     layers_t, units, contrastive = _check_compatible(records)
     layers = list(layers_t)
     arrays = [_arrays(record, layers) for record in records]

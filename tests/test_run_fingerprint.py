@@ -104,3 +104,24 @@ def test_a_second_process_on_the_same_output_is_locked_out(source, tmp_path) -> 
             _run(make_tiny("llama").eval(), source, out)
     assert not out.exists()
     assert not out.with_name("out.jsonl.lock").exists()  # released
+
+
+def test_summarize_refuses_to_pool_two_runs_unless_told(source, tmp_path, capsys) -> None:
+    from captum_iglens.cli import main
+    from captum_iglens.results_file import load_results
+    from captum_iglens.summary import summarize
+
+    first, second = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    _run(make_tiny("llama", seed=0).eval(), source, first)
+    _run(make_tiny("llama", seed=1).eval(), source, second)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(first.read_text().splitlines()[0] + "\n"
+                     + second.read_text().splitlines()[1] + "\n")
+    records, errors, _ = load_results(mixed)
+    with pytest.raises(RunMismatchError, match="2 different runs.*--allow-mixed-runs"):
+        summarize(records, errors, n_boot=10)
+    assert summarize(records, errors, n_boot=10, mixed_runs=True).n_ok == 2
+    assert summarize(*load_results(first)[:2], n_boot=10).n_ok == 2  # one run: fine
+    assert main(["summarize", str(mixed)]) == 1
+    assert "different runs" in capsys.readouterr().err
+    assert main(["summarize", "--allow-mixed-runs", str(mixed)]) == 0

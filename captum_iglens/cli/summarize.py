@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bootstrap resamples of the confidence intervals (default: 1000)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the bootstrap (default: 0)")
+    parser.add_argument("--allow-mixed-runs", action="store_true",
+                        help="pool records that different runs (models, weights or settings "
+                        "that change numbers) wrote into one file; refused by default")
     parser.add_argument("--only", choices=("plain", "contrastive"), default=None,
                         help="summarize only the plain or only the contrastive records of a "
                         "run that holds both (their credits cannot be pooled); error records "
@@ -120,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(err)) from err
     if args.only is not None:
         records = [r for r in records if is_contrastive(r) == (args.only == "contrastive")]
-    summary = summarize(records, errors, n_boot=args.n_boot, seed=args.seed, torn=torn)
+    summary = summarize(records, errors, n_boot=args.n_boot, seed=args.seed, torn=torn,
+                        mixed_runs=args.allow_mixed_runs)
     print(f"results: {opts.echo(str(args.results))}")
     print(summary.format())
     if args.json_path:
