@@ -4,26 +4,73 @@ IG-Lens (arXiv:2606.29693) splits the change in a predicted token's probability 
 per-layer credits that add up to it exactly, with Captum's ``Attribution`` API.
 """
 
-from captum_iglens.architectures import (
-    FAMILIES,
-    UnknownArchitectureError,
-    resolve_decoder_blocks,
-    resolve_layout,
-)
-from captum_iglens.baselines import BASELINES
-from captum_iglens.compare import compare_completeness
-from captum_iglens.estimators import ESTIMATORS, METHODS
-from captum_iglens.ig_lens import IGLens
-from captum_iglens.llm_attr import LLMIGLensAttribution
-from captum_iglens.onset import onset_layer_indices
-from captum_iglens.readout import LensReadout, ReadoutMismatchError, resolve_readout
-from captum_iglens.results import (
-    CompletenessReport,
-    IGLensLLMAttributionResult,
-    IGLensOutput,
-    IGLensResult,
-)
-from captum_iglens.text import explain, explain_ids, target_token_id
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> the module that defines it. Imported on first use (PEP 562), so that
+#: ``iglens --help`` and ``iglens summarize`` start without importing torch or Captum.
+_EXPORTS = {
+    "FAMILIES": "captum_iglens.architectures",
+    "UnknownArchitectureError": "captum_iglens.architectures",
+    "resolve_decoder_blocks": "captum_iglens.architectures",
+    "resolve_layout": "captum_iglens.architectures",
+    "BASELINES": "captum_iglens.baselines",
+    "compare_completeness": "captum_iglens.compare",
+    "ESTIMATORS": "captum_iglens.estimators",
+    "METHODS": "captum_iglens.estimators",
+    "IGLens": "captum_iglens.ig_lens",
+    "LLMIGLensAttribution": "captum_iglens.llm_attr",
+    "onset_layer_indices": "captum_iglens.onset",
+    "LensReadout": "captum_iglens.readout",
+    "ReadoutMismatchError": "captum_iglens.readout",
+    "resolve_readout": "captum_iglens.readout",
+    "CompletenessReport": "captum_iglens.results",
+    "IGLensLLMAttributionResult": "captum_iglens.results",
+    "IGLensOutput": "captum_iglens.results",
+    "IGLensResult": "captum_iglens.results",
+    "explain": "captum_iglens.text",
+    "explain_ids": "captum_iglens.text",
+    "target_token_id": "captum_iglens.text",
+}
+
+if TYPE_CHECKING:  # the names as a type checker and an IDE see them
+    from captum_iglens.architectures import (
+        FAMILIES,
+        UnknownArchitectureError,
+        resolve_decoder_blocks,
+        resolve_layout,
+    )
+    from captum_iglens.baselines import BASELINES
+    from captum_iglens.compare import compare_completeness
+    from captum_iglens.estimators import ESTIMATORS, METHODS
+    from captum_iglens.ig_lens import IGLens
+    from captum_iglens.llm_attr import LLMIGLensAttribution
+    from captum_iglens.onset import onset_layer_indices
+    from captum_iglens.readout import LensReadout, ReadoutMismatchError, resolve_readout
+    from captum_iglens.results import (
+        CompletenessReport,
+        IGLensLLMAttributionResult,
+        IGLensOutput,
+        IGLensResult,
+    )
+    from captum_iglens.text import explain, explain_ids, target_token_id
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'captum_iglens' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The public names, loaded or not."""
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __version__ = "0.1.0"
 

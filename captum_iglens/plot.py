@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from captum_iglens._format import readout_words, total_symbol
 from captum_iglens.plot_completeness import plot_completeness
-from captum_iglens.results._format import readout_words, total_symbol
 
 if TYPE_CHECKING:  # pragma: no cover
     from captum.attr import LLMAttributionResult

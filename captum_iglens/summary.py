@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from captum_iglens.results._format import layer_names, num, shorten
+from captum_iglens._format import layer_names, num, shorten
 from captum_iglens.results_file import check_one_run, load_results
 from captum_iglens.summary_report import WIDTH, record_label, record_name, report_lines
 

@@ -53,9 +53,17 @@ def _graph() -> dict[str, set[str]]:
     graph = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        graph[name] = {m for m in _imports(ast.parse(path.read_text()), package, set(files))
-                       if m in files and m != name}
+        found = _imports(ast.parse(path.read_text()), package, set(files))
+        graph[name] = {m for m in found | _parents(found) if m in files and m != name
+                       and not name.startswith(m + ".")}
     return graph
+
+
+def _parents(modules: set[str]) -> set[str]:
+    """The packages whose ``__init__`` Python runs before a module: ``a.b.c`` -> ``a.b``.
+
+    The root package is left out: a module inside it is already past its ``__init__``."""
+    return {".".join(m.split(".")[:i]) for m in modules for i in range(2, m.count(".") + 1)}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -90,3 +98,38 @@ def test_no_import_circle() -> None:
     assert "captum_iglens.ig_lens" in graph and graph["captum_iglens.ig_lens"]
     cycle = _cycle(graph)
     assert not cycle, "import circle: " + " -> ".join(cycle)
+
+
+def test_importing_a_subpackage_module_counts_its_package_init() -> None:
+    # plot -> results.explanation runs results/__init__ first: a circle through an __init__
+    # that a module-by-module graph missed
+    assert _parents({"captum_iglens.results.explanation"}) == {"captum_iglens.results"}
+    graph = {"p.plot": {"p.results.explanation"} | _parents({"p.results.explanation"}),
+             "p.results": {"p.plot"}, "p.results.explanation": set()}
+    assert _cycle(graph) == ["p.plot", "p.results", "p.plot"]
+
+
+def test_help_and_summarize_import_neither_torch_nor_captum() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom captum_iglens.cli import main\n"
+            "for argv in (['--help'], ['summarize', '--help'], ['run', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "heavy = [m for m in ('torch', 'captum', 'transformers', 'scipy', 'matplotlib')"
+            " if m in sys.modules]\nprint('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "HEAVY []" in out, out[-500:]
+
+
+def test_settings_agree_with_the_registries() -> None:
+    from captum.attr._utils.approximation_methods import SUPPORTED_METHODS
+
+    from captum_iglens import settings
+    from captum_iglens.baselines import BASELINES
+    from captum_iglens.estimators import METHODS, UNITS
+
+    assert set(settings.CAPTUM_METHODS) == set(SUPPORTED_METHODS)
+    assert set(settings.METHODS) == set(METHODS) and settings.UNITS == UNITS
+    assert settings.BASELINES == BASELINES

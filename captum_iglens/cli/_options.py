@@ -168,7 +168,7 @@ def resolve_layers(
 
 def add_estimator_options(
     parser: argparse.ArgumentParser,
-    n_steps: int = 50,
+    n_steps: Optional[int] = None,
     n_steps_help: str = "steps per segment for gradient estimators",
     batch_help: str = "readout rows per chunk",
     with_method: bool = True,
@@ -177,43 +177,60 @@ def add_estimator_options(
 
     Args:
         parser (ArgumentParser): A command's parser.
-        n_steps (int, optional): Default of ``--n-steps``. Default: 50.
+        n_steps (int, optional): Default of ``--n-steps``. Default: the package's (50).
         n_steps_help (str, optional): Help of ``--n-steps`` (the default is appended).
         batch_help (str, optional): Help of ``--internal-batch-size``.
         with_method (bool, optional): Add ``--method`` and ``--baseline`` (IG-Lens's
             estimator and residual baseline); else ``--n-steps`` must be >= 2. Default: True.
     """
-    from captum_iglens.ig_lens import BASELINES, METHODS
+    from captum_iglens.settings import (
+        BASELINES,
+        DEFAULT_BASELINE,
+        DEFAULT_METHOD,
+        DEFAULT_N_STEPS,
+        METHODS,
+    )
 
+    n_steps = DEFAULT_N_STEPS if n_steps is None else n_steps
     if with_method:
-        parser.add_argument("--method", default="prediction_aware", choices=METHODS,
-                            help="estimator (default: prediction_aware)")
+        parser.add_argument("--method", default=DEFAULT_METHOD, choices=METHODS,
+                            help=f"estimator (default: {DEFAULT_METHOD})")
     minimum = 1 if with_method else 2
     parser.add_argument("--n-steps", type=at_least(minimum, "--n-steps"), default=n_steps,
                         help=f"{n_steps_help} (default: {n_steps})")
     if with_method:
-        parser.add_argument("--baseline", default="mean", choices=BASELINES,
-                            help="baseline in residual space (default: mean)")
+        parser.add_argument("--baseline", default=DEFAULT_BASELINE, choices=BASELINES,
+                            help=f"baseline in residual space (default: {DEFAULT_BASELINE}, "
+                            "the causal mean of h_1 up to the explained position)")
         add_check(parser, _check_method_steps)
     parser.add_argument("--internal-batch-size", type=at_least(1, "--internal-batch-size"),
                         default=None, help=batch_help)
 
 
 def _check_method_steps(args: argparse.Namespace) -> None:
-    if args.method != "prediction_aware" and args.n_steps < 2:
+    from captum_iglens.settings import CAPTUM_METHODS
+
+    if args.method in CAPTUM_METHODS and args.n_steps < 2:
         raise UsageError(f"--method {args.method} needs --n-steps >= 2")
 
 
 def add_result_options(parser: argparse.ArgumentParser) -> None:
     """``--onset-frac``, ``--onset-rule``, ``--units``, ``--top-k`` and ``--contrast``."""
-    parser.add_argument("--onset-frac", type=_fraction, default=0.5,
-                        help="fraction for the onset layer (default: 0.5)")
-    parser.add_argument("--onset-rule", choices=("sustained", "mass"), default="sustained",
+    from captum_iglens.settings import (
+        DEFAULT_ONSET_FRAC,
+        DEFAULT_ONSET_RULE,
+        DEFAULT_UNITS,
+        ONSET_RULES,
+        UNITS,
+    )
+
+    parser.add_argument("--onset-frac", type=_fraction, default=DEFAULT_ONSET_FRAC,
+                        help=f"fraction for the onset layer (default: {DEFAULT_ONSET_FRAC})")
+    parser.add_argument("--onset-rule", choices=ONSET_RULES, default=DEFAULT_ONSET_RULE,
                         help="sustained (default): the first layer from which the cumulative "
                         "credit stays at or beyond frac x Δp; mass: the first layer holding "
                         "frac of the cumulative |credit|")
-    parser.add_argument("--units", choices=("probability", "log-probability"),
-                        default="probability",
+    parser.add_argument("--units", choices=UNITS, default=DEFAULT_UNITS,
                         help="the readout that is decomposed: probability (default) or "
                         "log-probability in nats; the credits add up exactly in either")
     parser.add_argument("--top-k", type=at_least(0, "--top-k"), default=0,
@@ -243,7 +260,7 @@ def _check_contrast(args: argparse.Namespace) -> None:
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     """``--max-new-tokens``, ``--no-chat-template`` and ``--template-date``."""
-    from captum_iglens.text import DEFAULT_MAX_NEW_TOKENS
+    from captum_iglens.settings import DEFAULT_MAX_NEW_TOKENS
 
     parser.add_argument("--max-new-tokens", type=at_least(1, "--max-new-tokens"),
                         default=DEFAULT_MAX_NEW_TOKENS,

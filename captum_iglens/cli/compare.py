@@ -44,7 +44,7 @@ EXIT_STATUS = exit_status_help(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``iglens compare``."""
-    from captum_iglens.ig_lens import BASELINES, METHODS
+    from captum_iglens.settings import BASELINES, METHODS
 
     opts.add_prompt_options(parser)
     opts.add_model_options(parser)

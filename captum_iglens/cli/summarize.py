@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser (ArgumentParser): The command's parser.
     """
-    from captum_iglens.summary_html import DEFAULT_MAX_RECORDS
+    from captum_iglens.settings import DEFAULT_MAX_RECORDS
 
     parser.add_argument("results", metavar="RESULTS",
                         help="the results file of 'iglens run' (.jsonl, one JSON object per "

@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser (ArgumentParser): The command's parser.
     """
-    from captum_iglens.validate import DEFAULT_MAX_NEW_TOKENS, DEFAULT_THRESHOLD
+    from captum_iglens.settings import VALIDATE_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS
+    from captum_iglens.settings import VALIDATE_THRESHOLD as DEFAULT_THRESHOLD
 
     parser.add_argument("--prompts-file", default=None, metavar="PATH",
                         help="prompts: a .jsonl file of {\"prompt\": ...} objects or a text "

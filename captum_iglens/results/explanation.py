@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from captum_iglens.results._format import layer_names
+from captum_iglens._format import layer_names
 
 __all__ = ["IGLensResult"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-from captum_iglens.results._format import readout_words, shorten, total_symbol
+from captum_iglens._format import readout_words, shorten, total_symbol
 
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult

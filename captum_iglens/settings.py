@@ -1,0 +1,123 @@
+"""The settings of an explanation, with each default written once (no torch import).
+
+Every entry point (``IGLens.attribute``, ``explain``, ``iglens run``, ``validate`` and the
+CLI's options and help) takes its defaults and choices from here, so that ``iglens --help``
+can list them without importing torch, and no two places disagree about a default.
+
+* :class:`AttributionSettings`: what is decomposed and how (estimator, steps, baseline,
+  units, readout chunk) — Section 3 of the paper (IG-Lens, arXiv:2606.29693).
+* :class:`ReportSettings`: how results are summarised (onset rule and fraction, top-k).
+* :class:`GenerationSettings`: how an answer is obtained (greedy, chat template, date pin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = [
+    "BASELINES",
+    "CAPTUM_METHODS",
+    "DEFAULT_BASELINE",
+    "DEFAULT_CHUNK",
+    "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_MAX_RECORDS",
+    "DEFAULT_METHOD",
+    "DEFAULT_N_STEPS",
+    "DEFAULT_ONSET_FRAC",
+    "DEFAULT_ONSET_RULE",
+    "DEFAULT_UNITS",
+    "METHODS",
+    "ONSET_RULES",
+    "UNITS",
+    "VALIDATE_MAX_NEW_TOKENS",
+    "VALIDATE_THRESHOLD",
+    "AttributionSettings",
+    "GenerationSettings",
+    "ReportSettings",
+]
+
+#: The exact estimator: each segment credited its observed change in ``f`` (no backward).
+DEFAULT_METHOD = "prediction_aware"
+#: Captum's approximation methods (``captum.attr._utils.approximation_methods``), the
+#: gradient estimators of the paper's reference variant.
+CAPTUM_METHODS: tuple[str, ...] = (
+    "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
+#: Every ``method`` name.
+METHODS: tuple[str, ...] = (DEFAULT_METHOD, *CAPTUM_METHODS)
+#: Steps per path segment of the gradient estimators (Captum's default).
+DEFAULT_N_STEPS = 50
+#: Named residual-space baselines; ``"mean"`` is the causal running mean of ``h_1``.
+BASELINES: tuple[str, ...] = ("mean", "zero", "embedding")
+DEFAULT_BASELINE = "mean"
+#: The readout ``f`` that is decomposed: the target's probability or its log (nats).
+UNITS: tuple[str, ...] = ("probability", "log-probability")
+DEFAULT_UNITS = "probability"
+#: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
+ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
+DEFAULT_ONSET_RULE = "sustained"
+DEFAULT_ONSET_FRAC = 0.5
+#: Longest generated answer.
+DEFAULT_MAX_NEW_TOKENS = 64
+#: Document mode: explained positions per forward pass.
+DEFAULT_CHUNK = 512
+#: ``iglens summarize --html``: records drawn in the page.
+DEFAULT_MAX_RECORDS = 200
+#: ``iglens validate``: answer tokens with ``p_final`` at least this are ablated.
+VALIDATE_THRESHOLD = 0.2
+#: ``iglens validate``: longest answer of the packaged short-answer prompts.
+VALIDATE_MAX_NEW_TOKENS = 12
+
+
+@dataclass(frozen=True)
+class AttributionSettings:
+    """What is decomposed, and how.
+
+    Attributes:
+        method (str): One of :data:`METHODS`. Default: ``"prediction_aware"`` (exact).
+        n_steps (int): Steps per segment for the gradient estimators. Default: 50.
+        baselines (str or Tensor): Where the path starts. Default: ``"mean"``.
+        units (str): One of :data:`UNITS`. Default: ``"probability"``.
+        internal_batch_size (int, optional): Readout rows per chunk (memory, not numbers).
+    """
+
+    method: str = DEFAULT_METHOD
+    n_steps: int = DEFAULT_N_STEPS
+    baselines: Any = DEFAULT_BASELINE
+    units: str = DEFAULT_UNITS
+    internal_batch_size: Optional[int] = None
+
+    def attribute_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`~captum_iglens.IGLens.attribute` they set."""
+        return {"method": self.method, "n_steps": self.n_steps, "baselines": self.baselines,
+                "internal_batch_size": self.internal_batch_size}
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """How a result is summarised.
+
+    Attributes:
+        onset_frac (float): Fraction of the onset rule, in (0, 1]. Default: 0.5.
+        onset_rule (str): One of :data:`ONSET_RULES`. Default: ``"sustained"``.
+        top_k (int): Logit-lens top tokens recorded per layer. Default: 0.
+    """
+
+    onset_frac: float = DEFAULT_ONSET_FRAC
+    onset_rule: str = DEFAULT_ONSET_RULE
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How an answer is obtained: plain greedy decoding.
+
+    Attributes:
+        max_new_tokens (int): Longest answer. Default: 64.
+        chat_template (bool): Wrap prompts in the tokenizer's chat template. Default: True.
+        template_kwargs (dict, optional): Chat-template variables (``date_string``).
+    """
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    chat_template: bool = True
+    template_kwargs: Optional[dict[str, Any]] = field(default=None, hash=False)
