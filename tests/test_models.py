@@ -331,34 +331,3 @@ def test_cli_passes_a_model_name_to_load_model(monkeypatch, capsys, name):
 
 
 # --------------------------------------------------------------- the real Qwen2.5-Coder-0.5B
-
-
-@pytest.mark.real_model
-@pytest.mark.numerics
-def test_qwen_coder_05b_readout_is_the_models_own():
-    """Invariant R and C on Qwen2.5-Coder-0.5B-Instruct, as on SmolLM2 (test_smollm2.py)."""
-    from _tolerance import completeness_tol, f32_tol, lens_nodes, readout_sensitivity
-
-    from captum_iglens import IGLens, explain
-
-    entry = NAMED_MODELS["qwen2.5-coder-0.5b-instruct"]
-    try:
-        part_files(entry)
-    except FileNotFoundError:
-        pytest.skip(f"Qwen2.5-Coder-0.5B-Instruct is not installed: {entry.pip_command()}")
-    model, tokenizer = load_model(entry.name)
-    result = explain(model, tokenizer, "Write a Python function that adds two numbers.",
-                     max_new_tokens=4)
-    assert result.layer_indices == list(range(1, model.config.num_hidden_layers + 1))
-    ids = torch.tensor([result.input_ids[:-1]])
-    with torch.no_grad():
-        probs = torch.softmax(model(ids, use_cache=False).logits[0].float(), -1)
-    expected = probs[result.positions, result.token_ids]
-    lens = IGLens(model)
-    h_n = lens_nodes(lens, ids, result.positions, "zero")[:, :, -1]
-    sens = readout_sensitivity(lens.readout, h_n, torch.tensor([result.token_ids]))[0]
-    tol = f32_tol(sens, sens, n_terms=h_n.shape[-1])
-    assert ((result.p_final - expected).abs() <= tol).all()
-    bound = completeness_tol(result.attributions, result.delta_p)
-    assert (result.convergence_delta.abs() <= bound).all()
-    assert probs[result.positions].argmax(-1).tolist() == result.token_ids
