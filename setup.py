@@ -55,5 +55,9 @@ setup(
         "qwen-coder-0-5b": QWEN_CODER_05B,
         "qwen-coder-1-5b": QWEN_CODER_15B,
     },
-    entry_points={"console_scripts": ["iglens=captum_iglens.cli:main"]},
+    entry_points={
+        "console_scripts": ["iglens=captum_iglens.cli:main"],
+        # the pytest plugin of captum_iglens.testing: iglens_* fixtures, --iglens-families
+        "pytest11": ["iglens=captum_iglens.testing.plugin"],
+    },
 )

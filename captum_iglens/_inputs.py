@@ -249,11 +249,49 @@ def _kwargs_from_args(
         rest = [n for n, p in params.items() if p.kind not in _VARIADIC
                 and n not in ("self", "input_ids", "attention_mask")]
         names = ["attention_mask", *rest]
+        _check_positional_extras(additional_forward_args, names, params)
         return {n: v for n, v in zip(names, additional_forward_args, strict=False) if v is not None}
     raise TypeError(
         "additional_forward_args must be an attention mask tensor, a tuple of positional "
         f"arguments or a dict of keyword arguments, got {type(additional_forward_args)}"
     )
+
+
+_SCALARS = ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"))
+
+
+def _check_positional_extras(
+    args: Sequence[Any], names: Sequence[str], params: Mapping[str, inspect.Parameter]
+) -> None:
+    """Refuse Captum-style extras the forward cannot take, before transformers crashes.
+
+    Element ``i >= 1`` of the tuple goes to the forward's ``names[i]`` parameter, as Captum
+    would pass it (``model(inputs, *additional_forward_args)``). A Python scalar for a
+    parameter annotated without its type (``-1`` as ``position_ids`` or the KV cache) and
+    a tuple longer than the parameters are refused, naming the parameter.
+
+    Raises:
+        TypeError: a scalar the parameter does not take.
+        ValueError: more elements than the forward has parameters.
+    """
+    if len(args) > len(names):
+        raise ValueError(
+            f"additional_forward_args has {len(args)} elements; the forward takes the "
+            f"attention mask and {len(names) - 1} more ({', '.join(names[1:6])}, ...).")
+    for i, (name, value) in enumerate(zip(names, args, strict=False)):
+        if i == 0 or value is None or isinstance(value, Tensor):
+            continue
+        annotation = params[name].annotation
+        words = "" if annotation is inspect.Parameter.empty else str(annotation)
+        kind = next((word for typ, word in _SCALARS if isinstance(value, typ)), None)
+        if words and kind is not None and kind not in words:
+            raise TypeError(
+                f"additional_forward_args[{i}] = {value!r} goes to the forward's {name!r} "
+                f"parameter ({words}), as Captum passes the tuple positionally after the "
+                "inputs (model(inputs, *additional_forward_args)); it takes no "
+                f"{type(value).__name__}. The tuple's first element is the attention mask; "
+                "explained positions go to positions=..., other forward arguments in a dict "
+                "of keyword arguments.")
 
 
 def forward_kwargs(
@@ -270,8 +308,10 @@ def forward_kwargs(
     come from :func:`forward_parameters` (wrappers unwrapped).
 
     Raises:
-        TypeError: an unsupported type.
-        ValueError: a mask whose shape differs from ``input_ids``.
+        TypeError: an unsupported type, or a tuple element its forward parameter cannot
+            take (``(mask, -1)``: ``-1`` would be ``position_ids``), naming the parameter.
+        ValueError: a mask whose shape differs from ``input_ids``, or a tuple longer than
+            the forward's parameters.
     """
     kwargs = _kwargs_from_args(additional_forward_args, params)
     mask = kwargs.get("attention_mask")

@@ -5,7 +5,9 @@ returns an :class:`~captum.attr.LLMAttributionResult` (output tokens x input tok
 refuses :class:`~captum_iglens.IGLens` (its ``SUPPORTED_METHODS`` check). The subclass below
 accepts IG-Lens next to Captum's own methods. With IG-Lens the features are decoder layers,
 so the result's "input tokens" are layer names and Captum's ``plot_token_attr()`` /
-``plot_seq_attr()`` draw the token x layer map (arXiv:2606.29693).
+``plot_seq_attr()`` draw the token x layer map (arXiv:2606.29693). The reference's own
+readout ``-p(y | x')`` is kept out of the layer columns (``baseline_attr``): in the first
+column it would be the largest bar of every plot.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from captum.attr import LLMAttributionResult, LLMGradientAttribution, TextTokenI
 from torch import Tensor
 
 from captum_iglens._captum_compat import InterpretableInput, convert_ids_to_pretty_tokens
+from captum_iglens._format import layer_names
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.results import IGLensLLMAttributionResult
-from captum_iglens.results._format import layer_names
+from captum_iglens.results.captum_view import split_baseline_readout
 
 __all__ = ["LLMIGLensAttribution"]
 
@@ -61,10 +64,13 @@ class LLMIGLensAttribution(LLMGradientAttribution):
     forward (``use_cache=False``) and attributes the probability of every target token to the
     chosen layers. The reference is the one Captum's gradient methods use: every token of the
     ``TextTokenInput`` replaced by its ``baselines`` token, its ``skip_tokens`` kept, followed
-    by the target tokens; IG-Lens starts at that reference's last-block residual, so each row
-    of ``token_attr`` adds up to ``F(x) - F(x')`` (Proposition 1). ``baselines="mean"`` (or
-    any :meth:`IGLens.attribute` baseline) overrides it. With any of Captum's own methods the
-    behaviour is Captum's unchanged.
+    by the target tokens; IG-Lens starts at that reference's last-block residual, so
+    ``baseline_attr + token_attr.sum(-1)`` adds up to ``F(x) - F(x')`` row by row
+    (Proposition 1), where ``baseline_attr = -F(x')`` is the reference's own readout, kept
+    out of the layer columns (it would otherwise sit in the first layer's column and be the
+    largest bar of ``plot_seq_attr``). ``baselines="mean"`` (or any :meth:`IGLens.attribute`
+    baseline) overrides the reference. With any of Captum's own methods the behaviour is
+    Captum's unchanged.
 
     Args:
         attr_method (IGLens or a Captum gradient method): the attribution to wrap.
@@ -78,8 +84,8 @@ class LLMIGLensAttribution(LLMGradientAttribution):
         >>> inp = TextTokenInput("The capital of France is", tokenizer,
         ...                      baselines=" ", skip_tokens=[tokenizer.bos_token_id])
         >>> res = llm_attr.attribute(inp, target=" Paris")
-        >>> res.token_attr.sum(-1) - res.delta_p          # ~0: res.convergence_delta
-        >>> fig, ax = res.plot_token_attr()
+        >>> res.baseline_attr + res.token_attr.sum(-1) - res.delta_p   # ~0
+        >>> fig, ax = res.plot_token_attr(display="row")   # every token's row visible
     """
 
     SUPPORTED_METHODS = (*LLMGradientAttribution.SUPPORTED_METHODS, IGLens)
@@ -116,8 +122,9 @@ class LLMIGLensAttribution(LLMGradientAttribution):
         Returns:
             LLMAttributionResult: for IG-Lens an
             :class:`~captum_iglens.results.IGLensLLMAttributionResult`: ``input_tokens`` =
-            layer names, ``token_attr`` ``[T, k]``, ``seq_attr`` ``[k]``, ``output_probs``,
-            ``p_baseline``, ``delta_p`` and ``convergence_delta`` ``[T]``.
+            layer names, ``token_attr`` ``[T, k]`` (the baseline's readout set apart),
+            ``seq_attr`` ``[k]``, ``output_probs``, ``p_baseline``, ``baseline_attr``,
+            ``delta_p`` and ``convergence_delta`` ``[T]``.
 
         Raises:
             ValueError: an empty target.
@@ -150,7 +157,9 @@ class LLMIGLensAttribution(LLMGradientAttribution):
         lens: IGLens = self.attr_method
         out = lens.attribute_details(ids, target=target_tokens[None, :], positions=positions,
                                      **passed)
-        token_attr = out.attributions[0].detach().float().cpu()
+        attributions = out.attributions[0].detach().float().cpu()
+        p_baseline = out.p_baseline[0].detach().float().cpu()
+        token_attr, baseline_attr = split_baseline_readout(attributions, p_baseline)
         return IGLensLLMAttributionResult(
             input_tokens=layer_names(lens.layer_indices),
             output_tokens=convert_ids_to_pretty_tokens(target_tokens.cpu(), self.tokenizer),
@@ -158,9 +167,11 @@ class LLMIGLensAttribution(LLMGradientAttribution):
             token_attr=token_attr,
             output_probs=out.p_final[0].detach().float().cpu(),
             inp=inp,
-            p_baseline=out.p_baseline[0].detach().float().cpu(),
+            p_baseline=p_baseline,
+            baseline_attr=baseline_attr,
             convergence_delta=out.convergence_delta[0].detach().float().cpu(),
             baseline=out.baseline,
+            units=out.units,
         )
 
 

@@ -15,12 +15,11 @@ from captum_iglens._format import readout_words, total_symbol
 from captum_iglens.plot_completeness import plot_completeness
 
 if TYPE_CHECKING:  # pragma: no cover
-    from captum.attr import LLMAttributionResult
     from matplotlib.figure import Figure
 
-    from captum_iglens.results import IGLensResult
+    from captum_iglens.results import IGLensLLMAttributionResult, IGLensResult
 
-__all__ = ["plot_result", "plot_heatmap", "plot_completeness", "result_to_captum"]
+__all__ = ["plot_result", "plot_heatmap", "plot_completeness", "plot_top_k", "result_to_captum"]
 
 
 def _new_figure(figsize: tuple[float, float]) -> Figure:
@@ -29,27 +28,19 @@ def _new_figure(figsize: tuple[float, float]) -> Figure:
     return Figure(figsize=figsize, layout="constrained")
 
 
-def result_to_captum(result: IGLensResult) -> LLMAttributionResult:
-    """An :class:`~captum.attr.LLMAttributionResult` view of an IG-Lens result.
+def result_to_captum(result: IGLensResult) -> IGLensLLMAttributionResult:
+    """An :class:`~captum_iglens.results.IGLensLLMAttributionResult` view of a result.
 
     The layer names (``"emb"``, ``"L1"``, ...) stand in the place of Captum's input tokens and
     the answer tokens are the output tokens: ``token_attr`` is the ``[T, k]`` IG-Lens credit
-    (probability units), ``seq_attr`` the ``[k]`` per-layer credit summed over the answer
-    tokens, ``output_probs`` the model's probability of each answer token (its
-    ``p(y) - p(foil)`` for a contrastive result, in the result's units). Captum's
-    ``plot_token_attr()`` then draws the token x layer heatmap, ``plot_seq_attr()`` the
-    per-layer totals.
+    (in the result's units) with the baseline's readout ``-f(b)`` kept out of the first
+    column (``baseline_attr``; ``baseline_attr + token_attr.sum(-1) = delta_p``),
+    ``seq_attr`` the ``[k]`` per-layer credit summed over the answer tokens,
+    ``output_probs`` the model's probability of each answer token (its ``p(y) - p(foil)``
+    for a contrastive result). Captum's ``plot_token_attr()`` then draws the token x layer
+    heatmap, ``plot_seq_attr()`` the per-layer totals, both labelled.
     """
-    from captum.attr import LLMAttributionResult
-
-    token_attr = result.attributions.detach().float().cpu()
-    return LLMAttributionResult(
-        input_tokens=list(result.layer_names),
-        output_tokens=list(result.tokens),
-        seq_attr=token_attr.sum(0),
-        token_attr=token_attr,
-        output_probs=result.p_final.detach().float().cpu(),
-    )
+    return result.to_captum()
 
 
 _TITLE_PT = 9.0
@@ -151,16 +142,26 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
     if result.contrastive:
         text += (" Contrastive: every value is F = p(y) - p(foil) (log units: the log-ratio), "
                  "each answer token y against its foil ('vs').")
+    if result.layer_indices and result.layer_indices[0] == 0:
+        text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
+                 " f(h_0) - f(b), which no decoder block made.")
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
-    lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 3)
+    lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
     fig.supxlabel("\n".join(lines), x=0.01, ha="left", fontsize=_CAPTION_PT,
                   multialignment="left")
 
 
-def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float) -> None:
-    """Credits with a diverging map centred at 0, every token labelled, onsets boxed."""
+def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
+             label: str = "") -> None:
+    """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
+
+    With layer 0 first, its column is labelled ``b→emb`` and a line sets it apart: its
+    credit is the move from the baseline to ``h_0``, not a block's.
+    """
     from matplotlib.colors import Normalize
+
+    from captum_iglens._display import layer_labels
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     limit = float(np.abs(attr).max()) if attr.size else 0.0
@@ -169,15 +170,24 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
         attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
     )
-    fig.colorbar(image, ax=ax, label=f"IG-Lens credit ({_units(result)})")
-    ax.set_xticks(range(k), labels=result.layer_names, rotation=90, fontsize=7)
+    fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
+    ax.set_xticks(range(k), labels=layer_labels(result.layer_indices), rotation=90, fontsize=7)
+    emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
+    if emb:
+        ax.axvline(0.5, color="black", linewidth=1.2)
     flags = list(result.is_argmax) or [True] * n_tok
     labels = [_token_label(result, t, ok)
               for t, ok in zip(range(n_tok), flags, strict=True)]
     ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
-    ax.set_xlabel("layer")
+    ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else ""))
     ax.set_ylabel("answer token")
     ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
+    _onset_boxes(ax, result, row_pt)
+
+
+def _onset_boxes(ax: Any, result: IGLensResult, row_pt: float) -> None:
+    """A square around each token's onset cell."""
+    k = len(result.layer_indices)
     cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
              if o in result.layer_indices]
     if cells:
@@ -238,32 +248,14 @@ def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
                       else "logit-lens log-probability (nats)")
 
 
-def _top1_grid(ax: Any, result: IGLensResult, row_pt: float) -> None:
-    """The logit lens's top-1 token per token and layer, the answer token in bold green."""
-    n_tok, k = len(result.tokens), len(result.layer_indices)
-    ax.set_xlim(-0.5, k - 0.5)
-    ax.set_xticks(range(k), labels=result.layer_names, rotation=90, fontsize=7)
-    ax.tick_params(left=False, labelleft=False)
-    ax.set_xlabel("layer")
-    ax.set_title("logit-lens top-1 token\n(bold green = the answer token)", fontsize=9)
-    ids = result.top_k_ids
-    for t in range(n_tok):
-        for j in range(k):
-            top = result.top_k_tokens[t][j][0]
-            hit = (int(ids[t, j, 0]) == int(result.token_ids[t]) if ids is not None
-                   else top == result.tokens[t])
-            ax.text(j, t, _label(top, 8), ha="center", va="center", clip_on=True,
-                    fontsize=_token_pt(row_pt), color="#1a7f37" if hit else "black",
-                    fontweight="bold" if hit else "normal")
-
-
 def _token_pt(row_pt: float) -> float:
     """Font size of token labels for rows ``row_pt`` points high."""
     return float(np.clip(0.72 * row_pt, 3.0, 8.0))
 
 
 def plot_result(
-    result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None
+    result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None,
+    display: str = "credit",
 ) -> Figure:
     """Token x layer heatmap of IG-Lens credit and the logit-lens trajectory per token.
 
@@ -284,11 +276,22 @@ def plot_result(
             Default: 10.
         figsize (tuple, optional): Figure size in inches. Default: from the number of
             tokens and layers.
+        display (str, optional): What the heatmap shows: ``"credit"`` (default, one colour
+            scale for all tokens), ``"row"`` (each token's credits over its own largest, so
+            that unlikely tokens keep visible cells) or ``"log-probability"`` (the change
+            of ``log p`` over each segment, nats, from the logit-lens levels).
 
     Returns:
         matplotlib.figure.Figure
+
+    Raises:
+        ValueError: an unknown ``display``, or ``"log-probability"`` for a contrastive or
+            log-unit result.
     """
-    attr = result.attributions.detach().float().cpu().numpy()
+    from captum_iglens._display import display_attributions
+
+    values, label = display_attributions(result, display)
+    attr = values.numpy()
     probs = result.lens_probs.detach().float().cpu().numpy()
     size, widths, row_pt = _sizes(result, figsize, max_legend)
     fig = _new_figure(size)
@@ -296,16 +299,20 @@ def plot_result(
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
     ax_map = fig.add_subplot(grid[0])
     ax_traj = fig.add_subplot(grid[-1])
-    _heatmap(fig, ax_map, result, attr, row_pt)
-    if len(widths) == 3:
-        _top1_grid(fig.add_subplot(grid[1], sharey=ax_map), result, row_pt)
+    _heatmap(fig, ax_map, result, attr, row_pt, label)
+    ax_grid = fig.add_subplot(grid[1], sharey=ax_map) if len(widths) == 3 else None
     _trajectory(fig, ax_traj, result, probs, max_legend)
     _title(fig, result)
     _caption(fig, result)
+    if ax_grid is not None:  # last: its labels are fitted to the laid-out cells
+        from captum_iglens.plot_top_k import top1_grid
+
+        top1_grid(fig, ax_grid, result, _token_pt(row_pt), _GRID_CELL_IN)
     return fig
 
 
-def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = None) -> Figure:
+def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = None,
+                 display: str = "credit") -> Figure:
     """The token x layer heatmap of IG-Lens credit alone, compact.
 
     The left panel of :func:`plot_result` (diverging colours centred at 0, every answer
@@ -318,16 +325,27 @@ def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = 
         result (IGLensResult): What :func:`~captum_iglens.explain` returned.
         figsize (tuple, optional): Figure size in inches. Default: from the number of
             tokens and layers.
+        display (str, optional): ``"credit"``, ``"row"`` or ``"log-probability"``, as for
+            :func:`plot_result`.
 
     Returns:
         matplotlib.figure.Figure
     """
+    from captum_iglens._display import display_attributions
+
     n_tok, k = len(result.tokens), len(result.layer_indices)
     labels_in = 4.2 if result.contrastive else 3.2  # token labels and colour bar
     width, height = figsize or (min(_MAX_FIG, labels_in + 0.16 * k),
                                 min(_MAX_FIG, 1.3 + 0.14 * max(n_tok, 1)))
     fig = _new_figure((width, height))
     row_pt = 72.0 * max(height - 1.3, 0.14) / max(n_tok, 1)
-    attr = result.attributions.detach().float().cpu().numpy()
-    _heatmap(fig, fig.add_subplot(1, 1, 1), result, attr, row_pt)
+    values, label = display_attributions(result, display)
+    _heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label)
     return fig
+
+
+def plot_top_k(result: IGLensResult, **kwargs: Any) -> Figure:
+    """The logit lens's top-K tokens at every layer: see :mod:`captum_iglens.plot_top_k`."""
+    from captum_iglens.plot_top_k import plot_top_k as draw
+
+    return draw(result, **kwargs)

@@ -12,24 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+from captum_iglens.testing.tiny import perturb_norms  # noqa: F401  (one copy, re-exported)
+
 VOCAB = 128
 HIDDEN = 64
 N_LAYERS = 3
-
-
-def perturb_norms(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Give every norm non-trivial weights (1 + 0.5 N(0, 1)) and biases (+ 0.3 N(0, 1))."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            is_norm = "norm" in type(module).__name__.lower() or "ln" in name.split(".")[-1]
-            for pname, param in module.named_parameters(recurse=False):
-                noise = torch.randn(param.shape, generator=gen).to(param.dtype)
-                if is_norm and pname == "weight":
-                    param.add_(0.5 * noise)
-                elif is_norm and pname == "bias":
-                    param.add_(0.3 * noise)
-    return model
 
 
 def make_tiny(family: str, seed: int = 0, n_layers: int = N_LAYERS) -> nn.Module:

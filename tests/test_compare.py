@@ -258,8 +258,10 @@ def test_baseline_keeps_structure_and_refuses_zero_embeddings(tiny4) -> None:
 def test_errors(tiny4) -> None:
     with pytest.raises(ValueError, match="Unknown methods"):
         compare_completeness(tiny4, _ids(), methods=["saliency"])
-    with pytest.raises(ValueError, match=r"\[1, S\]"):
-        compare_completeness(tiny4, _ids().repeat(2, 1))
+    with pytest.raises(ValueError, match=r"\[B, S\]"):
+        compare_completeness(tiny4, _ids()[0])
+    with pytest.raises(ValueError, match="only the attention mask"):
+        compare_completeness(tiny4, _ids(), additional_forward_args=(torch.ones_like(_ids()), -1))
     with pytest.raises(ValueError, match="(?i)position"):
         compare_completeness(tiny4, _ids(), position=9)
     with pytest.raises(ValueError, match="n_steps"):

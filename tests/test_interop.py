@@ -11,7 +11,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from _tolerance import (  # noqa: E402
     EPS32,
-    completeness_tol,
     f32_tol,
     lens_nodes,
     readout_prob_magnitude,
@@ -28,6 +27,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from captum_iglens import IGLens, explain_ids  # noqa: E402
 from captum_iglens.llm_attr import LLMIGLensAttribution  # noqa: E402
+from captum_iglens.testing import assert_complete  # noqa: E402
 
 PROMPT = [5, 17, 33, 8, 90, 41]
 ANSWER = [12, 77, 3, 64]
@@ -39,6 +39,13 @@ def result():
     return explain_ids(model, PROMPT, ANSWER, layers=[0, 2, 3, 4])
 
 
+def _split(attributions: torch.Tensor, p_baseline: torch.Tensor) -> torch.Tensor:
+    """The first column without the baseline's readout: credit_0 + f(b), in float64, once
+    rounded to float32 (the view's own computation, so the same floats)."""
+    first = (attributions[:, 0].double() + p_baseline.double()).float()
+    return torch.cat([first[:, None], attributions[:, 1:].float()], 1)
+
+
 @pytest.mark.numerics
 def test_to_captum_round_trip(result) -> None:
     res = result.to_captum()
@@ -46,16 +53,20 @@ def test_to_captum_round_trip(result) -> None:
     assert res.input_tokens == ["emb", "L2", "L3", "L4"] == result.layer_names
     assert res.output_tokens == result.tokens == [str(i) for i in ANSWER]
     assert tuple(res.token_attr.shape) == (len(ANSWER), 4)
-    # Captum's container holds copies of the result's float32 values: exact
-    torch.testing.assert_close(res.token_attr, result.attributions.float(), atol=0, rtol=0)
+    # the layer columns are the result's credits, the baseline's readout -f(b) set apart:
+    # the same float32 values (column 0: the same float64 sum, rounded once): exact
+    torch.testing.assert_close(res.token_attr, _split(result.attributions, result.p_baseline),
+                               atol=0, rtol=0)
+    torch.testing.assert_close(res.baseline_attr, -result.p_baseline.float(), atol=0, rtol=0)
     torch.testing.assert_close(res.output_probs, result.p_final.float(), atol=0, rtol=0)
     # ... and sums over the T answer tokens, in whatever order: (T - 1) u sum|credit|
-    sum_tol = EPS32 / 2 * (len(ANSWER) - 1) * result.attributions.double().abs().sum(0)
-    assert ((res.seq_attr - result.attributions.float().sum(0)).abs() <= sum_tol).all()
-    # each row adds up to that token's Δp (Proposition 1) in Captum's container too
-    assert ((res.token_attr.sum(1) - result.delta_p.float()).abs()
-            <= completeness_tol(result.attributions, result.delta_p)).all()
-    expected = dict(zip(result.layer_names, result.attributions.sum(0).tolist(), strict=True))
+    sum_tol = EPS32 / 2 * (len(ANSWER) - 1) * res.token_attr.double().abs().sum(0)
+    assert ((res.seq_attr - res.token_attr.sum(0)).abs() <= sum_tol).all()
+    # each row, with baseline_attr, adds up to that token's Δp (Proposition 1); the split
+    # first column adds one rounding (assert_complete counts it)
+    assert_complete(res)
+    torch.testing.assert_close(res.delta_p, result.delta_p.float(), atol=0, rtol=0)
+    expected = dict(zip(result.layer_names, res.token_attr.sum(0).tolist(), strict=True))
     assert res.seq_attr_dict.keys() == expected.keys()
     for name, tol in zip(result.layer_names, sum_tol.tolist(), strict=True):
         assert abs(res.seq_attr_dict[name] - expected[name]) <= tol
@@ -72,7 +83,7 @@ def test_result_plot(result, tmp_path) -> None:
     fig = result.plot(str(path))
     assert isinstance(fig, Figure) and path.stat().st_size > 1000
     ax_map = next(ax for ax in fig.axes if ax.images)
-    ax_traj = next(ax for ax in fig.axes if ax.get_lines())
+    ax_traj = next(ax for ax in fig.axes if ax.get_lines() and not ax.images)
     image = ax_map.images[0]
     # the plot shows the result's own values: exact
     np.testing.assert_array_equal(image.get_array(), result.attributions.numpy())
@@ -119,18 +130,21 @@ def test_llm_gradient_attribution_path(smollm2) -> None:
                                  positions=positions)
     assert res.baseline == "reference ids"
     # The wrapper makes this very call (ids, reference, targets, positions): the same
-    # float32 operations, so its numbers are these, exactly.
-    torch.testing.assert_close(res.token_attr, out.attributions[0].float(), atol=0, rtol=0)
+    # float32 operations, so its numbers are these, exactly (the reference's readout
+    # -p(y|x') set apart from the first layer's column).
+    torch.testing.assert_close(res.token_attr, _split(out.attributions[0], out.p_baseline[0]),
+                               atol=0, rtol=0)
+    torch.testing.assert_close(res.baseline_attr, -out.p_baseline[0].float(), atol=0, rtol=0)
     torch.testing.assert_close(res.p_baseline, out.p_baseline[0].float(), atol=0, rtol=0)
     torch.testing.assert_close(res.convergence_delta, out.convergence_delta[0].float(),
                                atol=0, rtol=0)
     mean = llm_attr.attribute(inp, target=" Paris, France", baselines="mean")
     out_mean = lens.attribute_details(ids, target=torch.tensor([target]), positions=positions)
-    torch.testing.assert_close(mean.token_attr, out_mean.attributions[0].float(), atol=0,
-                               rtol=0)
+    torch.testing.assert_close(mean.token_attr,
+                               _split(out_mean.attributions[0], out_mean.p_baseline[0]),
+                               atol=0, rtol=0)
     torch.testing.assert_close(res.output_probs, out.p_final[0].float(), atol=0, rtol=0)
-    assert ((res.token_attr.sum(1) - out.delta_p[0].float()).abs()
-            <= completeness_tol(out.attributions[0], out.delta_p[0])).all()
+    assert_complete(res)  # baseline_attr + each row adds up to its delta_p
     with torch.no_grad():
         logits = model(ids, use_cache=False).logits[0, n - 1:].softmax(-1)
     model_p = logits[torch.arange(len(target)), torch.tensor(target)]

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from captum.attr import LLMGradientAttribution, TextTokenInput  # noqa: E402
 
 from captum_iglens import IGLens, LLMIGLensAttribution  # noqa: E402
+from captum_iglens.testing import assert_complete  # noqa: E402
 
 PROMPT = "Dave lives in Palm Coast, FL and is a lawyer. His personal interests include"
 TARGET = " playing golf, hiking, and cooking."
@@ -44,8 +45,9 @@ def test_tutorial_pattern_adds_up_to_the_models_own_change(setup) -> None:
     target = tokenizer(TARGET, add_special_tokens=False)["input_ids"]
     assert res.input_tokens == ["emb", "L10", "L20", "L30"]
     assert len(res.output_tokens) == len(target)
-    # Each row adds up to its token's delta_p ...
-    torch.testing.assert_close(res.token_attr.sum(-1), res.delta_p, atol=1e-6, rtol=0)
+    # Each row, with the reference's own readout set apart (baseline_attr = -p(y|x')),
+    # adds up to its token's delta_p, within the bound derived from float32 rounding ...
+    assert_complete(res)
     assert res.convergence_delta.abs().max() <= 1e-6
     # ... which is the model's own change F(x) - F(x') from plain forwards of the prompt and
     # of the reference (every prompt token replaced by the baseline token), same answer.

@@ -62,7 +62,7 @@ def _drawn(fig):
 def _panels(fig):
     """Heatmap, trajectory, and colour-bar axes (the ones with a label but no data)."""
     ax_map = next(ax for ax in fig.axes if ax.images)
-    ax_traj = next(ax for ax in fig.axes if ax.get_lines())
+    ax_traj = next(ax for ax in fig.axes if ax.get_lines() and not ax.images)
     return ax_map, ax_traj
 
 

@@ -10,7 +10,7 @@ from nbclient import NotebookClient
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 NOTEBOOKS = ["Getting_started_with_IG_Lens.ipynb", "Completeness_IG_Lens_vs_Captum.ipynb",
-             "Causal_validation_of_IG_Lens.ipynb"]
+             "Causal_validation_of_IG_Lens.ipynb", "Baseline_comparison_tests.ipynb"]
 
 
 def test_notebooks_are_committed_without_outputs() -> None:

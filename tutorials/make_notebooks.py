@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+from _baseline_comparison_notebook import baseline_comparison
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
@@ -385,6 +386,7 @@ def main() -> None:
         ("Getting_started_with_IG_Lens.ipynb", getting_started),
         ("Completeness_IG_Lens_vs_Captum.ipynb", completeness),
         ("Causal_validation_of_IG_Lens.ipynb", causal_validation),
+        ("Baseline_comparison_tests.ipynb", baseline_comparison),
     ):
         nb = build()
         nbformat.validate(nb)

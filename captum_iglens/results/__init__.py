@@ -2,7 +2,8 @@
 
 - :class:`IGLensOutput`: one :meth:`~captum_iglens.IGLens.attribute_details` pass.
 - :class:`IGLensResult`: every answer token of one prompt, with table, JSON and plots.
-- :class:`CompletenessReport` / :class:`MethodCompleteness`: the Captum side by side.
+- :class:`CompletenessReport` / :class:`MethodCompleteness`: the Captum side by side;
+  :class:`CompletenessBatch`: one report per row and position.
 - :class:`IGLensLLMAttributionResult`: Captum's LLM result, with the convergence delta.
 """
 
@@ -12,11 +13,13 @@ from captum_iglens.results.completeness import (
     CompletenessReport,
     MethodCompleteness,
 )
+from captum_iglens.results.completeness_batch import CompletenessBatch
 from captum_iglens.results.explanation import IGLensResult
 from captum_iglens.results.output import IGLensOutput
 
 __all__ = [
     "CAPTUM_LAYER_METHODS",
+    "CompletenessBatch",
     "CompletenessReport",
     "IGLensLLMAttributionResult",
     "IGLensOutput",

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+import torch
 from torch import Tensor
 
-from captum_iglens.results._format import fmt, layer_names, num
+from captum_iglens._format import fmt, layer_names, num
+from captum_iglens.results._bounds import bound_words, isclose_bound, worst_layer
 
 __all__ = ["CAPTUM_LAYER_METHODS", "CompletenessReport", "MethodCompleteness"]
 
@@ -32,6 +34,9 @@ class MethodCompleteness:
         wall_time_s (float): Seconds spent on the method (all its layers).
         per_layer_time_s (list[float], optional): Seconds per layer run (Captum methods).
         is_credit (bool): ``False`` for levels (logit lens): no sum or gap is reported.
+        abs_sums (Tensor, optional): ``[k]`` float64 ``sum |a|`` over the attributions of
+            each Captum layer run, for the rounding bound of Captum's float32 sums.
+        n_terms (list[int], optional): Number of attribution elements of each layer run.
     """
 
     name: str
@@ -42,6 +47,8 @@ class MethodCompleteness:
     wall_time_s: float = float("nan")
     per_layer_time_s: Optional[list[float]] = None
     is_credit: bool = True
+    abs_sums: Optional[Tensor] = None
+    n_terms: Optional[list[int]] = None
 
     @property
     def layer_sum(self) -> float:
@@ -92,6 +99,13 @@ class CompletenessReport:
             Captum reference ``x'`` (the default: one total for every method), else a
             residual-space baseline name or ``"tensor"``.
         methods (dict[str, MethodCompleteness]): Per method, in run order.
+        model_name (str): The model's name.
+        target_source (str): ``"model argmax"`` when ``target=None`` let the model choose,
+            ``"given"`` otherwise.
+        row (int): The row of the batch this report explains (0 for one sequence).
+        rtol, atol (float, optional): The completeness tolerance of :attr:`passed` and
+            :meth:`assert_complete`; both ``None`` (default): the bound derived from float
+            rounding, ``u (k sum|c| + |total|)``.
     """
 
     layer_indices: list[int]
@@ -107,6 +121,10 @@ class CompletenessReport:
     baseline_description: str = ""
     methods: dict[str, MethodCompleteness] = field(default_factory=dict)
     model_name: str = ""
+    target_source: str = "given"
+    row: int = 0
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
 
     @property
     def layer_names(self) -> list[str]:
@@ -130,6 +148,8 @@ class CompletenessReport:
             "position": int(self.position),
             "target_id": int(self.target_id),
             "target_token": self.target_token,
+            "target_source": self.target_source,
+            "row": int(self.row),
             "input_ids": [int(i) for i in self.input_ids],
             "baseline_ids": [int(i) for i in self.baseline_ids],
             "baseline_description": self.baseline_description,
@@ -155,8 +175,10 @@ class CompletenessReport:
         return cols
 
     def _header(self) -> str:
-        head = (f"target {self.target_token!r} (id {self.target_id}) at position "
-                f"{self.position}; F(x) = {self.f_input:.6f}, F(x') = {self.f_baseline:.6f}; ")
+        row = f"row {self.row}, " if self.row else ""
+        head = (f"target {self.target_token!r} (id {self.target_id}, {self.target_source}) at "
+                f"{row}position {self.position}; F(x) = {self.f_input:.6f}, F(x') = "
+                f"{self.f_baseline:.6f}; ")
         if self.shared_reference:
             return head + (
                 f"one reference x' for every method ({self.baseline_description}; IG-Lens "
@@ -208,7 +230,107 @@ class CompletenessReport:
             "total: each method's own change, F(x) - F(x') for the Captum methods, "
             "Δp = f(h_n) - f(b) for IG-Lens, p for the logit lens (levels, not credits)."
         )
+        lines += [self._check_line(name) for name in self.checked_methods()]
         return "\n".join(lines)
+
+    # ---------------------------------------------------------------- completeness checks
+    def checked_methods(self) -> list[str]:
+        """The methods :attr:`passed` checks: IG-Lens's (``ig_lens``, ``ig_lens_gradient``).
+
+        Captum's layer methods are not expected to add up over layers (each layer run
+        decomposes the whole change); name them in :meth:`assert_complete` to see it fail.
+        """
+        return [name for name in self.methods if name.startswith("ig_lens")]
+
+    def _tolerances(self, rtol: Optional[float], atol: Optional[float]) -> tuple:
+        return (self.rtol, self.atol) if rtol is None and atol is None else (rtol, atol)
+
+    def completeness_bound(self, name: str, rtol: Optional[float] = None,
+                           atol: Optional[float] = None) -> float:
+        """The bound on ``|sum over layers - total|`` of method ``name`` (probability).
+
+        ``rtol`` / ``atol`` as given, else the report's, else the bound derived from the
+        rounding of the method's credits (:func:`~captum_iglens.results._bounds.
+        completeness_bound`: ``u (k sum|c| + |total|)``, ``u`` of their dtype).
+
+        Raises:
+            KeyError: ``name`` is not in the report.
+            ValueError: ``name`` is a level (the logit lens), which has no sum.
+        """
+        m = self.methods[name]
+        if not m.is_credit:
+            raise ValueError(f"{name!r} holds levels, not credits: there is no sum to check.")
+        rtol, atol = self._tolerances(rtol, atol)
+        total = torch.tensor(m.total, dtype=torch.float64)
+        return float(isclose_bound(m.per_layer, total, rtol, atol))
+
+    def _levels(self, name: str) -> Optional[Tensor]:
+        """``[f(b), f(h_L1), ...]`` of IG-Lens's path, when the logit lens ran."""
+        lens = self.methods.get("logit_lens")
+        if lens is None or not name.startswith("ig_lens"):
+            return None
+        start = lens.total - self.methods[name].total  # f(b) = f(h_n) - Δp
+        return torch.cat([torch.tensor([start], dtype=torch.float64),
+                          lens.per_layer.double()])
+
+    def failures(self, methods: Optional[Sequence[str]] = None, rtol: Optional[float] = None,
+                 atol: Optional[float] = None) -> list[str]:
+        """One message per method whose layers do not add up to its total (empty: passed).
+
+        Args:
+            methods (sequence of str, optional): Default: :meth:`checked_methods`.
+            rtol (float, optional): See :meth:`completeness_bound`.
+            atol (float, optional): See :meth:`completeness_bound`.
+        """
+        out = []
+        for name in self.checked_methods() if methods is None else methods:
+            m, bound = self.methods[name], self.completeness_bound(name, rtol, atol)
+            if m.completeness_gap <= bound:  # NaN fails too
+                continue
+            how = bound_words(*self._tolerances(rtol, atol), m.per_layer.dtype)
+            row = f"row {self.row}, "
+            out.append(
+                f"{m.label} does not add up for target {self.target_token!r} (id "
+                f"{self.target_id}, {self.target_source}) at {row}position {self.position}: "
+                f"sum over layers {m.layer_sum:+.8g} vs total {m.total:+.8g}, gap "
+                f"{m.completeness_gap:.3e} > bound {bound:.3e} ({how}); worst "
+                f"{worst_layer(m.per_layer, self._levels(name), self.layer_names)}.")
+        return out
+
+    @property
+    def passed(self) -> bool:
+        """Whether every IG-Lens method adds up within its bound (:meth:`failures` empty)."""
+        return not self.failures()
+
+    def assert_complete(self, methods: Optional[Sequence[str]] = None, *,
+                        rtol: Optional[float] = None, atol: Optional[float] = None) -> None:
+        """Raise ``AssertionError`` unless each method's layers add up to its total.
+
+        Args:
+            methods (sequence of str, optional): Default: the IG-Lens methods
+                (:meth:`checked_methods`). Naming a Captum layer method shows that its
+                per-layer totals do not add up.
+            rtol (float, optional): See :meth:`completeness_bound`.
+            atol (float, optional): See :meth:`completeness_bound`.
+
+        Raises:
+            AssertionError: naming the method, target, position, gap, bound and the worst
+                layer.
+            ValueError: nothing to check (no IG-Lens method), or a level method named.
+        """
+        names = self.checked_methods() if methods is None else list(methods)
+        if not names:
+            raise ValueError("The report has no IG-Lens method to check; pass methods=[...].")
+        failures = self.failures(names, rtol, atol)
+        if failures:
+            raise AssertionError("\n".join(failures))
+
+    def _check_line(self, name: str) -> str:
+        m, bound = self.methods[name], self.completeness_bound(name)
+        verdict = "passed" if m.completeness_gap <= bound else "FAILED"
+        how = bound_words(self.rtol, self.atol, m.per_layer.dtype).split(",")[0]
+        return (f"check {m.label}: |sum-total| {m.completeness_gap:.2e} <= {bound:.2e} "
+                f"({how}): {verdict}")
 
     def __str__(self) -> str:
         """The table, :meth:`format_table`."""

@@ -252,21 +252,56 @@ class IGLensResult:
         return format_explanation(self, tokens_per_block)
 
     def to_captum(self) -> Any:
-        """This result as a ``captum.attr.LLMAttributionResult``.
+        """This result as Captum's ``LLMAttributionResult`` (an ``IGLensLLMAttributionResult``).
 
         Layer names are the input tokens, answer tokens the output tokens, ``token_attr`` the
-        ``[T, k]`` credits, ``seq_attr`` their ``[k]`` sum over tokens;
-        ``plot_token_attr()`` draws the token x layer heatmap. See
+        ``[T, k]`` credits with the baseline's readout ``-f(b)`` set apart in
+        ``baseline_attr``, ``seq_attr`` their ``[k]`` sum over tokens; ``plot_token_attr()``
+        draws the labelled token x layer heatmap. See
         :func:`captum_iglens.plot.result_to_captum`.
         """
-        from captum_iglens.plot import result_to_captum
+        from captum_iglens.results.captum_view import IGLensLLMAttributionResult
 
-        return result_to_captum(self)
+        return IGLensLLMAttributionResult.from_result(self)
+
+    def to_visualization_records(self, normalize: bool = True) -> list[Any]:
+        """One Captum ``VisualizationDataRecord`` per answer token, for ``visualize_text``.
+
+        The "words" are the layers (``b→emb``, ``L1``, ...), coloured by the token's credits
+        (each row scaled to its largest ``|credit|`` with ``normalize``, default); the
+        record's score is the row's sum (``Δp``), its probability ``p_final``, its
+        convergence score the completeness error. See
+        :func:`~captum_iglens._display.visualization_records`.
+
+        Examples::
+
+            >>> from captum.attr.visualization import visualize_text
+            >>> visualize_text(result.to_visualization_records())
+        """
+        from captum_iglens._display import layer_labels, visualization_records
+
+        return visualization_records(self.attributions, layer_labels(self.layer_indices),
+                                     self.tokens, self.p_final, self.convergence_delta,
+                                     normalize)
+
+    def plot_top_k(self, path: Optional[str] = None, **kwargs: Any) -> Any:
+        """The logit lens's top-K tokens at every layer (needs ``explain(..., top_k=K)``).
+
+        Returns the matplotlib ``Figure`` and saves it to ``path`` if given. See
+        :func:`captum_iglens.plot_top_k.plot_top_k` for the keyword arguments.
+        """
+        from captum_iglens.plot_top_k import plot_top_k
+
+        fig = plot_top_k(self, **kwargs)
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        return fig
 
     def plot(self, path: Optional[str] = None, **kwargs: Any) -> Any:
         """Token x layer heatmap and the logit-lens trajectory per token.
 
-        The heatmap is diverging, centred at 0, with the onset marked. Returns the matplotlib
+        The heatmap is diverging, centred at 0, with the onset marked; ``display="row"`` or
+        ``"log-probability"`` keeps unlikely tokens visible. Returns the matplotlib
         ``Figure`` and saves it to ``path`` if given. See
         :func:`captum_iglens.plot.plot_result`.
         """

@@ -53,7 +53,9 @@ def _head(result: IGLensResult, cols: list[int]) -> list[str]:
 
 
 def _block(result: IGLensResult, cols: list[int]) -> list[str]:
-    names, (_, total, final) = result.layer_names, _row_names(result)
+    from captum_iglens._display import layer_labels
+
+    names, (_, total, final) = layer_labels(result.layer_indices), _row_names(result)
     lines = _head(result, cols)
     rule, signed = lines[-1], result.contrastive
     for j, name in enumerate(names):
@@ -63,6 +65,8 @@ def _block(result: IGLensResult, cols: list[int]) -> list[str]:
             for t in cols
         )
         lines.append(f"{name:>6} |" + cells)
+        if j == 0 and result.layer_indices[0] == 0 and len(names) > 1:
+            lines.append(rule.replace("-", "·"))  # the move to h_0, apart from the blocks
     lines.append(rule)
     for key, values in (
         ("sum", [float(result.attributions[t].sum()) for t in cols]),
@@ -95,9 +99,19 @@ def _contrast_legend(result: IGLensResult) -> list[str]:
     return textwrap.wrap(text, 100)
 
 
+def _emb_legend(result: IGLensResult) -> list[str]:
+    """What the ``b→emb`` row is, when layer 0 is chosen."""
+    if not result.layer_indices or result.layer_indices[0] != 0:
+        return []
+    return textwrap.wrap(
+        "b→emb (above the dotted line): the move from the baseline b to h_0, the embedding "
+        "output: f(h_0) - f(b), which no decoder block made; the rows below it are the "
+        "blocks' credits.", 100)
+
+
 def _legend(result: IGLensResult) -> list[str]:
     if result.contrastive:
-        return _contrast_legend(result) + _argmax_legend(result)
+        return _contrast_legend(result) + _emb_legend(result) + _argmax_legend(result)
     unit = readout_words(result.units, False)
     lens, total, p = _row_names(result)
     text = (f"IG: the layer's IG-Lens credit ({unit}); {lens}: logit-lens readout f(h_L) of the "
@@ -106,7 +120,7 @@ def _legend(result: IGLensResult) -> list[str]:
             f"to; {p}: the "
             f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
             f"onset: {_onset_rule(result, total)} ({result.onset_rule} rule).")
-    return textwrap.wrap(text, 100) + _argmax_legend(result)
+    return textwrap.wrap(text, 100) + _emb_legend(result) + _argmax_legend(result)
 
 
 def _argmax_legend(result: IGLensResult) -> list[str]:

@@ -1,0 +1,113 @@
+"""What the plots draw: credit displays that keep every token visible, Captum's records.
+
+A leaf module (torch only), so that both the result objects and the plots can use it.
+
+A token the model finds unlikely has credits of the size of its probability: on a colour
+scale shared with likely tokens its row is blank. Two displays keep it visible:
+
+- ``"row"``: each row divided by its own largest ``|credit|`` (the shape of each token's
+  build-up, not its size);
+- ``"log-probability"``: the change of ``log f`` over each segment, in nats, from the
+  logit-lens levels (the exact IG-Lens credits of ``log p`` along the same path): a token
+  that goes from ``1e-6`` to ``1e-3`` shows ``+6.9`` nats.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from captum_iglens.results.explanation import IGLensResult
+
+__all__ = ["DISPLAYS", "display_attributions", "layer_labels", "row_normalised",
+           "visualization_records"]
+
+#: The displays of credits the plots take (``display=``).
+DISPLAYS = ("credit", "row", "log-probability")
+_TINY = 1e-30  # a floor for log f of a level that rounds to 0
+
+
+def row_normalised(attributions: Tensor) -> Tensor:
+    """``[T, k]`` each row divided by its largest ``|value|`` (rows of zeros stay zero)."""
+    scale = attributions.abs().amax(-1, keepdim=True)
+    return torch.where(scale > 0, attributions / scale.clamp_min(1e-300),
+                       torch.zeros_like(attributions))
+
+
+def display_attributions(result: IGLensResult, display: str) -> tuple[Tensor, str]:
+    """The ``[T, k]`` values drawn for ``display`` and their colour-bar label.
+
+    Raises:
+        ValueError: an unknown display, or ``"log-probability"`` for a result already in log
+            units or contrastive (its levels are not probabilities).
+    """
+    attr = result.attributions.detach().float().cpu()
+    if display == "credit":
+        return attr, ""
+    if display == "row":
+        return row_normalised(attr), "credit / the token's largest |credit|"
+    if display != "log-probability":
+        raise ValueError(f"display={display!r}: use one of {DISPLAYS}.")
+    if result.units != "probability" or result.contrastive:
+        raise ValueError("display='log-probability' needs a non-contrastive result in "
+                         "probability units (explain(..., units='log-probability') gives "
+                         "log credits directly).")
+    levels = torch.cat([result.p_baseline[:, None], result.lens_probs], -1).double()
+    log_levels = levels.clamp_min(_TINY).log()
+    return log_levels.diff(dim=-1).float(), "change of log p over the segment (nats)"
+
+
+def layer_labels(layer_indices: Sequence[int]) -> list[str]:
+    """Display names of the layer columns: ``"b→emb"`` for index 0, ``"L<l>"`` otherwise.
+
+    Index 0 (the embedding output) is always the first chosen layer: its credit
+    ``f(h_0) - f(b)`` is the move from the baseline to the embedding, which no decoder
+    block made; the label says so.
+    """
+    return ["b→emb" if i == 0 else f"L{i}" for i in layer_indices]
+
+
+def visualization_records(
+    attributions: Tensor,
+    layers: Sequence[str],
+    tokens: Sequence[str],
+    probs: Optional[Tensor],
+    convergence_delta: Optional[Tensor],
+    normalize: bool = True,
+) -> list[Any]:
+    """Captum ``VisualizationDataRecord`` per answer token: its credits over the layers.
+
+    ``visualize_text`` colours each "word" (here a layer name) by its attribution, clipped
+    to ``[-1, 1]``: with ``normalize`` (default) each row is divided by its largest
+    ``|credit|`` so every token's layers are coloured; the record's ``attr_score`` is the
+    row's un-normalised sum (``delta_p`` less the baseline's readout for
+    :class:`IGLensLLMAttributionResult`), ``pred_prob`` the model's probability,
+    ``convergence_score`` the completeness error.
+
+    Args:
+        attributions (Tensor): ``[T, k]`` credits.
+        layers (sequence of str): The ``k`` layer names (the record's ``raw_input_ids``).
+        tokens (sequence of str): The ``T`` answer tokens (the predicted class).
+        probs (Tensor, optional): ``[T]`` the model's probability of each token.
+        convergence_delta (Tensor, optional): ``[T]`` completeness errors.
+        normalize (bool, optional): Scale each row to ``[-1, 1]``. Default: True.
+
+    Returns:
+        list[captum.attr.visualization.VisualizationDataRecord]
+    """
+    from captum.attr import visualization
+
+    record = visualization.VisualizationDataRecord
+
+    attr = attributions.detach().float().cpu()
+    shown = row_normalised(attr) if normalize else attr
+    records = []
+    for t, token in enumerate(tokens):
+        records.append(record(
+            shown[t], float(probs[t]) if probs is not None else float("nan"), token, token,
+            token, float(attr[t].double().sum()), list(layers),
+            float(convergence_delta[t]) if convergence_delta is not None else None))
+    return records
