@@ -23,6 +23,7 @@ _EXPORTS = {
     "LensReadout": "captum_iglens.readout",
     "ReadoutMismatchError": "captum_iglens.readout",
     "resolve_readout": "captum_iglens.readout",
+    "CompletenessBatch": "captum_iglens.results",
     "CompletenessReport": "captum_iglens.results",
     "IGLensLLMAttributionResult": "captum_iglens.results",
     "IGLensOutput": "captum_iglens.results",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from captum_iglens.onset import onset_layer_indices
     from captum_iglens.readout import LensReadout, ReadoutMismatchError, resolve_readout
     from captum_iglens.results import (
+        CompletenessBatch,
         CompletenessReport,
         IGLensLLMAttributionResult,
         IGLensOutput,
@@ -79,6 +81,7 @@ __all__ = [
     "ESTIMATORS",
     "FAMILIES",
     "METHODS",
+    "CompletenessBatch",
     "CompletenessReport",
     "IGLens",
     "IGLensLLMAttributionResult",

@@ -391,3 +391,11 @@ def test_each_command_help_has_its_own_exit_status(capsys):
     assert "results could not be written" in blocks["run"]
     assert "reference set of mean ablation" in blocks["validate"]
     assert "--contrast" in blocks["explain"]
+
+
+def test_top_k_draws_its_own_figure_beside_the_heatmap(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "fig.png"
+    assert main(["--model", str(tiny_folder), "--top-k", "3", "--k", "3", "--plot", str(out),
+                 "--max-new-tokens", "2", "--no-progress", "w4"]) == 0
+    assert out.stat().st_size > 0 and (tmp_path / "fig-topk.png").stat().st_size > 0
+    assert "fig-topk.png" in capsys.readouterr().err

@@ -85,6 +85,8 @@ def test_each_readme_block_is_self_contained(line: int, code: str) -> None:
 
 
 class _Figure:
+    top_k_tokens = None  # no --top-k: no second figure
+
     def __init__(self, written: list[str]) -> None:
         self.written = written
 

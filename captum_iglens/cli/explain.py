@@ -205,3 +205,7 @@ def _write_plots(results: list[Any], path: str) -> None:
             out = target.with_name(f"{target.stem}-{i}{target.suffix}")
         result.plot(str(out))
         print(f"wrote {out}", file=sys.stderr)
+        if result.top_k_tokens:  # --top-k: the K tokens at every layer, a figure of its own
+            top = out.with_name(f"{out.stem}-topk{out.suffix}")
+            result.plot_top_k(str(top))
+            print(f"wrote {top}", file=sys.stderr)
