@@ -10,7 +10,22 @@ from nbclient import NotebookClient
 
 TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 NOTEBOOKS = ["Getting_started_with_IG_Lens.ipynb", "Completeness_IG_Lens_vs_Captum.ipynb",
-             "Causal_validation_of_IG_Lens.ipynb", "Baseline_comparison_tests.ipynb"]
+             "Causal_validation_of_IG_Lens.ipynb", "Baseline_comparison_tests.ipynb",
+             "IG_Lens_on_a_real_model.ipynb"]
+#: Notebooks on a model installed separately: executed where it is, skipped otherwise.
+NEEDS_MODEL = {"IG_Lens_on_a_real_model.ipynb": "qwen2.5-coder-1.5b-instruct"}
+
+
+def _skip_unless_installed(name: str) -> None:
+    from captum_iglens.model_registry import NAMED_MODELS, part_files
+
+    model = NEEDS_MODEL.get(name)
+    if model is None:
+        return
+    try:
+        part_files(NAMED_MODELS[model])
+    except FileNotFoundError:
+        pytest.skip(f"{name} needs {model}: {NAMED_MODELS[model].pip_command()}")
 
 
 def test_notebooks_are_committed_without_outputs() -> None:
@@ -23,6 +38,7 @@ def test_notebooks_are_committed_without_outputs() -> None:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_executes(name: str, tmp_path: Path) -> None:
+    _skip_unless_installed(name)
     nb = nbformat.read(TUTORIALS / name, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})

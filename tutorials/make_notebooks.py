@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 from _baseline_comparison_notebook import baseline_comparison
+from _real_model_notebook import real_model
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
@@ -387,6 +388,7 @@ def main() -> None:
         ("Completeness_IG_Lens_vs_Captum.ipynb", completeness),
         ("Causal_validation_of_IG_Lens.ipynb", causal_validation),
         ("Baseline_comparison_tests.ipynb", baseline_comparison),
+        ("IG_Lens_on_a_real_model.ipynb", real_model),
     ):
         nb = build()
         nbformat.validate(nb)
