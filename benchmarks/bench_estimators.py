@@ -9,9 +9,13 @@ On all 30 layers and every answer token of the default prompt, times in one run:
 Two timings per variant: end to end (each runs the model forward, then its readouts), and
 the estimator alone on one shared captured residual stream (the forward excluded, the same
 for all). Prints median wall times, ratios and the max abs difference between the default
-estimator and the grid computation.
+estimator and the grid computation. Then the default, the default as it ran before each
+node was read out once (``h_n`` read out a second time for the readout check), and the logit
+lens, interleaved round by round (``--pairs``), so a shared machine's load falls on all
+three alike.
 
     python benchmarks/bench_estimators.py [--prompt TEXT] [--repeats 5] [--n-steps 64]
+                                           [--pairs 15] [--threads N]
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from captum_iglens import IGLens
 from captum_iglens._pipeline import capture_lens_path
 from captum_iglens.estimators import ESTIMATORS, grid_probs, node_probs
 from captum_iglens.models import load_model
-from captum_iglens.readout import chunk_rows, readout_probs
+from captum_iglens.readout import check_readout, chunk_rows, readout_probs
 from captum_iglens.residual import capture_residual_stream
 from captum_iglens.text import build_prompt_ids, generate_answer
 
@@ -53,12 +57,51 @@ def logit_lens(lens: IGLens, ids: torch.Tensor, positions: list[int], target: to
         return torch.softmax(logits, -1).gather(-1, index)[..., 0]
 
 
+def previous_default(lens: IGLens, ids: torch.Tensor, positions: list[int],
+                     target: torch.Tensor) -> torch.Tensor:
+    """The default as it ran before each node was read out once: every node of every
+    position read out, then h_n read out again for the whole-distribution check."""
+    cap = capture_lens_path(lens, ids, target, positions, "mean", None)
+    nodes, chunk = cap.path.nodes, chunk_rows(None, 49152)
+    probs = readout_probs(lens.readout, nodes.reshape(-1, nodes.shape[-1]),
+                          cap.path.row_ids(tuple(nodes.shape[:-1])), chunk).view(nodes.shape[:3])
+    check_readout(lens.readout, probs, cap.model_probs, torch.float32,
+                  hidden=nodes[:, :, -1], reference=cap.reference, chunk=chunk)
+    return probs.diff(dim=-1)
+
+
+def interleaved(variants: dict[str, Callable[[], object]], pairs: int) -> None:
+    """Each variant once per round, ``pairs`` rounds: medians of wall and processor time.
+
+    Interleaving spreads a shared machine's changing load evenly over the variants.
+    """
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():
+        fn()  # warm-up
+    for _ in range(pairs):
+        for name, fn in variants.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    lens = "plain logit lens"
+    print(f"\ninterleaved, {pairs} rounds: median end-to-end time, and relative to the logit lens")
+    print(f"{'variant':<44}{'wall [s]':>10}{'ratio':>8}{'cpu [s]':>10}{'ratio':>8}")
+    for name in variants:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        print(f"{name:<44}{w:>10.4f}{w / statistics.median(wall[lens]):>7.3f}x"
+              f"{c:>10.4f}{c / statistics.median(cpu[lens]):>7.3f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt", default="What is the capital of Vietnam?")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--n-steps", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave)")
+    parser.add_argument("--pairs", type=int, default=15,
+                        help="rounds of the interleaved default / logit lens timing (0: none)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -144,6 +187,11 @@ def main() -> None:
           f"{(details.lens_probs[0] - p_lens).abs().max():.3e}")
     print(f"completeness max |sum - delta_p| (default): "
           f"{(a_default.sum(-1) - delta_p).abs().max():.3e}")
+    if args.pairs:
+        interleaved({"prediction_aware (default)": default,
+                     "default before (h_n read out twice)": lambda: previous_default(
+                         lens, ids, positions, target),
+                     "plain logit lens": lens_only}, args.pairs)
 
 
 if __name__ == "__main__":

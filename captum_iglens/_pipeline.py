@@ -22,16 +22,22 @@ from captum_iglens.estimators import (
     ESTIMATORS,
     METHODS,
     PathNodes,
-    final_probs,
-    node_probs,
+    read_nodes,
     warn_if_not_converged,
 )
-from captum_iglens.readout import check_readout, chunk_rows, readout_top_k
+from captum_iglens.readout import (
+    ModelDistribution,
+    ReadoutMismatchError,
+    check_readout,
+    chunk_rows,
+    distribution_tolerance,
+    readout_top_k,
+)
 from captum_iglens.residual import model_dtype
 from captum_iglens.results import IGLensOutput
 
-__all__ = ["capture_lens_path", "check_estimator", "convergence_delta", "delta_of",
-           "output_from_path", "readout_chunk", "run_lens"]
+__all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
+           "convergence_delta", "delta_of", "output_from_path", "readout_chunk", "run_lens"]
 
 
 def check_estimator(method: str, n_steps: object) -> None:
@@ -51,6 +57,39 @@ def check_estimator(method: str, n_steps: object) -> None:
             f"method={method!r} integrates gradients, which torch.inference_mode() forbids: "
             "call attribute outside inference mode (torch.no_grad() is fine), or use the "
             "default method='prediction_aware', which needs no gradient."
+        )
+
+
+def check_distribution_errors(errors: Tensor, reference: ModelDistribution,
+                              dtype: torch.dtype, hidden_size: int, name: str) -> None:
+    """Refuse a readout whose distribution at ``h_n`` strays from the model's (Invariant R).
+
+    Args:
+        errors (Tensor): ``[B * P]`` ``max_v |log p_lens(h_n)_v - log p_model_v|`` in nats
+            (:func:`~captum_iglens.estimators.read_nodes`).
+        reference (ModelDistribution): The model's own distribution ``[B, P, V]``.
+        dtype (torch.dtype): The model's dtype.
+        hidden_size (int): ``d``.
+        name (str): The architecture, for the message.
+
+    Raises:
+        ReadoutMismatchError: an error above
+            :func:`~captum_iglens.readout.distribution_tolerance`, naming the first worst row.
+    """
+    n_pos = reference.log_probs.shape[1]
+    tol = distribution_tolerance(dtype, hidden_size, reference.logit_max.reshape(-1))
+    ratio = errors.double() / tol
+    worst = int(ratio.argmax())
+    if bool(ratio[worst] > 1):
+        row, col = divmod(worst, n_pos)
+        raise ReadoutMismatchError(
+            f"Invariant R failed for architecture {name!r}: the lens readout of the last "
+            f"block's residual gives another next-token distribution than the model (row "
+            f"{row}, explained position {col}: a log-probability differs by "
+            f"{float(errors[worst]):.3g} nats, tolerance {float(tol[worst]):.3g}). The "
+            "resolved final norm / unembedding / logit transform do not reproduce this "
+            "model's logits; pass IGLens(model, readout=...) with a callable that maps a "
+            "pre-final-norm residual [..., d] to the model's logits [..., V]."
         )
 
 
@@ -126,12 +165,18 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
         return _ragged_output(lens, cap, method, n_steps, chunk, top_k)
     readout = lens.readout
     path = replace(cap.path, log=lens.units == "log-probability")
-    probs = node_probs(readout, path, chunk)
-    check_readout(readout, probs, cap.model_probs, model_dtype(lens.model),
-                  type(lens.model).__name__, verify=lens.check_readout,
-                  hidden=cap.path.nodes[:, :, -1], reference=cap.reference, chunk=chunk,
-                  final=final_probs(readout, path, probs, chunk) if lens.check_readout
-                  else None)
+    checked = lens.check_readout and cap.reference is not None
+    reference = cap.reference.log_probs.reshape(-1, cap.reference.log_probs.shape[-1]) \
+        if checked else None
+    nodes = read_nodes(readout, path, chunk, reference)
+    del reference  # a view of the model's [B, P, V] distribution: freed below
+    probs = nodes.values
+    name = getattr(readout, "name", "") or type(lens.model).__name__
+    check_readout(readout, probs, cap.model_probs, model_dtype(lens.model), name,
+                  verify=lens.check_readout, final=nodes.final)
+    if checked:
+        check_distribution_errors(nodes.errors, cap.reference, model_dtype(lens.model),
+                                  path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
     credits = ESTIMATORS[method](readout, path, probs, method, n_steps, chunk)
     p_base, p_final = probs[..., 0], probs[..., -1]

@@ -27,7 +27,14 @@ from torch import Tensor
 
 from captum_iglens._captum_compat import CAPTUM_APPROXIMATION_METHODS, approximation_parameters
 from captum_iglens._progress import progress_bar
-from captum_iglens.readout import Readout, pad_rows, readout_probs, readout_values
+from captum_iglens.readout import (
+    Readout,
+    ReadoutMismatchError,
+    lens_values,
+    pad_rows,
+    readout_probs,
+    readout_values,
+)
 
 __all__ = [
     "CONVERGENCE_WARNING",
@@ -35,9 +42,10 @@ __all__ = [
     "METHODS",
     "UNITS",
     "PathNodes",
-    "final_probs",
+    "NodeValues",
     "grid_probs",
     "node_probs",
+    "read_nodes",
     "warn_if_not_converged",
 ]
 
@@ -75,39 +83,144 @@ class PathNodes:
         return ids.expand(*grid, *pair).reshape(-1, *pair)
 
 
+def _shared_start(nodes: Tensor) -> bool:
+    """Whether every position of each row starts from the same baseline vector (bitwise).
+
+    ``"zero"`` and ``[d]`` / ``[B, d]`` baseline tensors: ``f(b)`` then needs one readout
+    per row, not one per position.
+    """
+    base = nodes[:, :, 0]
+    return base.shape[1] > 1 and torch.equal(base, base[:, :1].expand_as(base))
+
+
+def _row_start_values(readout: Readout, path: PathNodes) -> Tensor:
+    """``f`` at a shared baseline, read out once per row: ``[B, P]``."""
+    batch, n_pos = path.target.shape
+    rows, _ = pad_rows(path.nodes[:, 0, 0], path.target[:, 0])
+    with torch.no_grad():
+        logits = readout(rows)[:batch]
+    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    ids = path.row_ids((batch, n_pos))
+    ids = ids.view(batch, n_pos, *ids.shape[1:])
+    # each row's one distribution, viewed (not copied) once per position
+    return torch.stack([lens_values(log_probs[r].expand(n_pos, -1), ids[r], path.log)
+                        for r in range(batch)])
+
+
+@dataclass
+class NodeValues:
+    """The readout at every node of the paths, and what the readout check compares.
+
+    Attributes:
+        values (Tensor): ``[B, P, k + 1]`` ``f`` at every node (float32; float64 models:
+            float64), in the path's units (see :func:`node_probs`).
+        final (Tensor, optional): The readout's probabilities at ``h_n``: ``[B, P]`` of the
+            target, ``[B, P, 2]`` of target and foil when contrastive (``None`` unchecked).
+        errors (Tensor, optional): ``[B * P]`` float32 on the CPU: ``max_v |log p_lens(h_n)_v
+            - log p_model_v|`` against the model's own distribution (``None`` unchecked).
+    """
+
+    values: Tensor
+    final: Optional[Tensor] = None
+    errors: Optional[Tensor] = None
+
+
+def _distribution_errors(log_probs: Tensor, reference: Tensor) -> Tensor:
+    """``max_v |log_probs_v - reference_v|`` per row: ``[N]`` float32 on the CPU.
+
+    Equal entries (``-inf`` included) count as equal, NaN as ``inf`` (as
+    :func:`~captum_iglens._distribution.log_prob_errors`, without a second log-softmax).
+    """
+    ref = reference.to(device=log_probs.device, dtype=log_probs.dtype)
+    diff = (log_probs - ref).abs_()  # in place: one [N, V] temporary
+    diff.masked_fill_(log_probs == ref, 0.0)
+    return diff.nan_to_num_(nan=float("inf")).amax(-1).float().cpu()
+
+
+def _read_final(readout: Readout, path: PathNodes, chunk: int,
+                reference: Optional[Tensor]) -> NodeValues:
+    """``h_n`` read out once: ``f`` there, and with ``reference [N, V]`` what the check needs.
+
+    Raises:
+        ReadoutMismatchError: the readout gives another number of logits than the model.
+    """
+    batch, n_pos, _, d = path.nodes.shape
+    hidden = path.nodes[:, :, -1].reshape(-1, d)
+    ids = path.row_ids((batch, n_pos))
+    pair = ids.reshape(ids.shape[0], -1)
+    values, final, errors = [], [], []
+    with torch.no_grad():
+        for start in range(0, hidden.shape[0], chunk):
+            rows, _ = pad_rows(hidden[start:start + chunk], pair[start:start + chunk])
+            n_real = min(chunk, hidden.shape[0] - start)
+            logits = readout(rows)[:n_real]
+            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+            del logits
+            values.append(lens_values(log_probs, ids[start:start + n_real], path.log))
+            if reference is None:
+                continue
+            ref = reference[start:start + n_real]
+            if log_probs.shape != ref.shape:
+                raise ReadoutMismatchError(
+                    f"Invariant R failed for architecture {getattr(readout, 'name', '')!r}: "
+                    f"the lens readout gives {log_probs.shape[-1]} logits per position, the "
+                    f"model {ref.shape[-1]}; pass IGLens(model, readout=...) with the model's "
+                    "own logits map.")
+            final.append(log_probs.gather(-1, pair[start:start + n_real]).exp())
+            errors.append(_distribution_errors(log_probs, ref))
+    out = NodeValues(torch.cat(values).view(batch, n_pos))
+    if reference is not None:
+        probs = torch.cat(final).view(batch, n_pos, -1)
+        out.final = probs if path.contrast is not None else probs[..., 0]
+        out.errors = torch.cat(errors)
+    return out
+
+
+def read_nodes(readout: Readout, path: PathNodes, chunk: int,
+               reference: Optional[Tensor] = None) -> NodeValues:
+    """``f`` at every node, each node read out once, and the readout check's numbers.
+
+    A baseline shared by a row's positions (:func:`_shared_start`) is read out once per
+    row; ``h_n`` once for ``f``, the target's (and foil's) probability and, with
+    ``reference``, the whole-distribution comparison with the model.
+
+    Args:
+        readout (callable): The lens readout.
+        path (PathNodes): The paths ``[B, P, k + 1, d]``.
+        chunk (int): Rows per readout call.
+        reference (Tensor, optional): ``[B * P, V]`` the model's own log-probabilities at
+            the explained positions (rows in ``B, P`` order): also compute ``final`` and
+            ``errors``.
+
+    Returns:
+        NodeValues: values ``[B, P, k + 1]`` (and ``final``, ``errors`` with ``reference``).
+
+    Raises:
+        ReadoutMismatchError: (with ``reference``) another vocabulary size than the model's.
+    """
+    batch, n_pos, _, d = path.nodes.shape
+    out = _read_final(readout, path, chunk, reference)
+    first = 1 if _shared_start(path.nodes) else 0
+    parts = [_row_start_values(readout, path)[..., None]] if first else []
+    inner = path.nodes[:, :, first:-1]
+    if inner.shape[2]:
+        probs = readout_probs(readout, inner.reshape(-1, d),
+                              path.row_ids(tuple(inner.shape[:-1])), chunk, path.log)
+        parts.append(probs.view(batch, n_pos, -1))
+    parts.append(out.values[..., None])
+    out.values = torch.cat(parts, dim=-1)
+    return out
+
+
 def node_probs(readout: Readout, path: PathNodes, chunk: int) -> Tensor:
     """``f`` at every node: ``[B, P, k + 1]`` (float32; float64 models: float64).
 
     Probabilities, or log-probabilities in nats when ``path.log``; with ``path.contrast``
-    their difference ``F = f_target - f_foil``.
+    their difference ``F = f_target - f_foil``. See :func:`read_nodes`.
     """
-    batch, n_pos, n_nodes, d = path.nodes.shape
-    ids = path.row_ids((batch, n_pos, n_nodes))
-    probs = readout_probs(readout, path.nodes.reshape(-1, d), ids, chunk, path.log)
-    return probs.view(batch, n_pos, n_nodes)
-
-
-def final_probs(readout: Readout, path: PathNodes, values: Tensor, chunk: int) -> Tensor:
-    """The readout's probabilities at ``h_n``, for the check against the model's own.
-
-    Args:
-        readout (callable): The lens readout.
-        path (PathNodes): The paths.
-        values (Tensor): ``[B, P, k + 1]`` :func:`node_probs` of ``path``.
-        chunk (int): Rows per readout call.
-
-    Returns:
-        Tensor: ``[B, P]`` the target's probability, or ``[B, P, 2]`` the target's and the
-        foil's when contrastive (read out again: ``F`` alone does not give them).
-    """
-    if path.contrast is None:
-        last = values[..., -1]
-        return last.exp() if path.log else last
-    batch, n_pos, _, d = path.nodes.shape
-    h_n = path.nodes[:, :, -1].reshape(-1, d)
-    ids = torch.cat([path.target.reshape(-1), path.contrast.reshape(-1)])
-    probs = readout_probs(readout, torch.cat([h_n, h_n]), ids, chunk)
-    return probs.view(2, batch, n_pos).permute(1, 2, 0)
+    return read_nodes(readout, path, chunk).values
 
 
 def grid_probs(readout: Readout, path: PathNodes, n_steps: int, chunk: int) -> Tensor:

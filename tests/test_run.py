@@ -5,7 +5,7 @@ position table must limit the prompt length).
 Numbers are compared with the bounds of tests/_tolerance.py: a row of a left-padded batch
 against the same prompt alone (or in another batch) within the whole-model node sensitivity
 of that prompt; two runs of the very same batches (several processes against one, a redone
-record with batch size 1) byte for byte; chunks of a document within the readout's bound.
+record with batch size 1) byte for byte; cached passes of a document within the whole-model bound.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ from _tolerance import (
     completeness_tol,
     credit_sensitivity,
     f32_tol,
-    lens_nodes,
     node_sensitivity,
-    readout_sensitivity,
     reduction_length,
 )
 from conftest import make_tiny
@@ -519,9 +517,9 @@ def test_document_positions():
 
 @pytest.mark.numerics
 def test_document_chunks_and_targets(tiny):
-    """Every next-token prediction of a text: targets are the text's own next tokens; chunks
-    of 3 positions give the numbers of one chunk of 128 (the same forward, readouts of other
-    row counts: within the readout's bound); each position adds up to its Δp."""
+    """Every next-token prediction of a text: targets are the text's own next tokens; cached
+    passes of 3 positions give the numbers of one pass of 128 (forwards of other lengths over
+    a KV cache: within the whole-model bound); each position adds up to its Δp."""
     model, tok = tiny
     lens = IGLens(model)
     text = words(random.Random(8), 14)
@@ -532,15 +530,15 @@ def test_document_chunks_and_targets(tiny):
     assert whole.token_ids == parts.token_ids == ids[1:]
     assert whole.input_ids == ids and whole.prompt == text and whole.prompt_length == 1
     assert whole.extras["document"] is True and whole.to_dict()["document"] is True
-    nodes = lens_nodes(lens, torch.tensor([ids]), whole.positions)
-    sens = readout_sensitivity(lens.readout, nodes, torch.tensor([whole.token_ids]))[0]
-    n = reduction_length(lens.readout)
+    sens = node_sensitivity(lens, torch.tensor([ids]), whole.positions,
+                            torch.tensor([whole.token_ids]))[0]
+    n = reduction_length(lens.model)
     node = f32_tol(sens, sens, n_terms=n)
     credit = f32_tol(credit_sensitivity(sens), credit_sensitivity(sens), n_terms=n)
     bounds = {"attributions": credit, "lens_probs": node[:, 1:], "p_final": node[:, -1],
               "p_baseline": node[:, 0]}
     assert_tokens_close(result_tokens(parts), result_tokens(whole), bounds)
-    assert whole.attributions.abs().max() > 1e3 * credit.max()
+    assert whole.attributions.abs().max() > 20 * credit.max()  # as the batch tests
     for result in (whole, parts):
         gap = (result.attributions.double().sum(-1) - result.delta_p.double()).abs()
         assert (gap <= completeness_tol(result.attributions, result.delta_p)).all()
