@@ -49,6 +49,13 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
             module.training = mode
 
 
+def _with_input(args: tuple, kwargs: dict, hidden: Tensor) -> tuple[tuple, dict]:
+    """A block's ``(args, kwargs)`` with its input residual stream replaced by ``hidden``."""
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
+
+
 @contextmanager
 def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: int,
             record: Optional[dict[int, Tensor]] = None) -> Iterator[None]:

@@ -9,32 +9,33 @@ removed), ``mean`` (``u_L[i]`` replaced by its mean over other sequences) and ``
 (``u_L[i]`` from another sequence at a matching position). A causal model leaves positions
 before ``i`` unchanged and ``p(y)`` at ``i`` depends on positions ``<= i`` only, so each
 ablation is a single-token forward over the clean prefix's KV cache, and all ablations of a
-position (``K`` kinds x ``n`` blocks, plus one clean row) run as one batch.
+position (``K`` kinds x ``n`` blocks, plus one clean row) run as one batched single-token
+forward. An ablation of block ``L`` leaves blocks ``1..L-1`` as they were, so its row joins
+the batch only after block ``L - 1``, from the clean row's residual there
+(:mod:`captum_iglens._ablation_rows`), instead of recomputing blocks ``1..L-1``.
+``resample`` may take several donors per position; its probability is then their average.
 
 Built-in checks, run on every call (:class:`AblationCheckError` when one fails): the clean
 row reproduces the model's own probability; a cached ablation equals the same ablation
 through a full-sequence hooked forward (one layer per call); and the zero-ablation drop of
 the last block equals its IG-Lens credit: both are ``f(h_n) - f(h_{n-1})`` (the
-telescoping of the paper's Proposition 1, last segment).
+telescoping of the paper's Proposition 1, last segment). The spot-checked row and the last
+block's row both join the batch late, so the checks cover that too.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens import IGLens, resolve_decoder_blocks, resolve_readout
-from captum_iglens._ablation_hooks import (
-    cache_tensors,
-    eval_mode,
-    hooked,
-    make_cache,
-    target_probs,
-)
+from captum_iglens import resolve_decoder_blocks, resolve_readout
+from captum_iglens._ablation_checks import AblationCheckError, AblationChecks
+from captum_iglens._ablation_hooks import eval_mode, target_probs
+from captum_iglens._ablation_rows import ResidualTrace, RowPlan, run_rows, trace_forward
 
 __all__ = ["KINDS", "AblationCheckError", "AblationOutput", "BlockAblation", "ReferenceSetError",
            "ResidualTrace", "mean_updates"]
@@ -50,10 +51,6 @@ CHECK_TOLERANCE_EPS = 256
 #: Cap of the check tolerance (probability): 256 eps would be vacuous in float16 (0.25) and
 #: bfloat16 (2.0); half-precision single-token and full forwards differ by about 1e-3.
 CHECK_TOLERANCE_CAP = 2e-2
-
-
-class AblationCheckError(RuntimeError):
-    """A built-in consistency check of the ablation failed (the message names which)."""
 
 
 class ReferenceSetError(ValueError):
@@ -72,27 +69,6 @@ class ReferenceSetError(ValueError):
 
 
 @dataclass
-class ResidualTrace:
-    """One clean forward over a sequence of ``S`` tokens through ``n`` decoder blocks.
-
-    Attributes:
-        input_ids (Tensor): ``[S]`` int64 token ids.
-        hidden (Tensor): ``[S, n + 1, d]`` residual stream ``h_0..h_n`` (``h_0`` the input of
-            block 1, ``h_l`` the output of block ``l``, pre-final-norm), model dtype.
-        kv (list): per block ``(keys, values)``, each ``[1, heads, S, head_dim]``.
-    """
-
-    input_ids: Tensor
-    hidden: Tensor
-    kv: list[tuple[Tensor, Tensor]]
-
-    @property
-    def updates(self) -> Tensor:
-        """``[S, n, d]`` block updates ``u_L = h_L - h_{L-1}`` for ``L = 1..n``."""
-        return self.hidden[:, 1:] - self.hidden[:, :-1]
-
-
-@dataclass
 class AblationOutput:
     """Ablation of every block at ``P`` positions (probability units, float32 CPU tensors).
 
@@ -104,6 +80,9 @@ class AblationOutput:
         positions (list[int]): the explained positions.
         layer_indices (tuple[int, ...]): ``1..n``, the ablated blocks (hidden-state indices).
         check_errors (dict[str, float]): largest absolute error of each built-in check.
+        p_each (dict[str, Tensor]): kind -> ``[P, D, n]`` probability after each of its
+            ``D`` replacements (``D > 1`` for ``resample`` with several donors; ``p_ablated``
+            is their mean).
     """
 
     drops: dict[str, Tensor]
@@ -113,6 +92,7 @@ class AblationOutput:
     positions: list[int]
     layer_indices: tuple[int, ...]
     check_errors: dict[str, float]
+    p_each: dict[str, Tensor] = field(default_factory=dict)
 
 
 def mean_updates(traces: Sequence[ResidualTrace], min_positions: int = 200) -> Tensor:
@@ -144,7 +124,7 @@ def mean_updates(traces: Sequence[ResidualTrace], min_positions: int = 200) -> T
     return (sum(r.sum(0) for r in rows) / count).to(traces[0].hidden.dtype)
 
 
-class BlockAblation:
+class BlockAblation(AblationChecks):
     """Ablate each decoder block's residual update at explained positions of a causal LM.
 
     Args:
@@ -154,6 +134,9 @@ class BlockAblation:
         tolerance_eps (float, optional): Check tolerance in units of the model dtype's
             machine epsilon, capped at :data:`CHECK_TOLERANCE_CAP` (2e-2) for half precision.
             Default: :data:`CHECK_TOLERANCE_EPS` (about 3.1e-5 in float32).
+        grow (bool, optional): Each ablation row joins the batch after block ``L - 1``
+            from the clean row's residual (True), or recomputes blocks ``1..L-1`` (False,
+            about 1.5 times slower). Results agree to float32 rounding. Default: True.
 
     Raises:
         UnknownArchitectureError: if the decoder blocks or the readout cannot be located.
@@ -167,11 +150,13 @@ class BlockAblation:
         >>> out.drops["zero"].shape                           # [P, n]
     """
 
-    def __init__(self, model: nn.Module, tolerance_eps: float = CHECK_TOLERANCE_EPS) -> None:
+    def __init__(self, model: nn.Module, tolerance_eps: float = CHECK_TOLERANCE_EPS,
+                 grow: bool = True) -> None:
         """Locate the blocks and readout; see the class docstring for the arguments."""
         self.model = model
         self.blocks = resolve_decoder_blocks(model)
         self.readout = resolve_readout(model)
+        self.grow = bool(grow)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._can_keep = "logits_to_keep" in params
@@ -198,65 +183,86 @@ class BlockAblation:
                 sliding-window cache), which the cached ablations need.
         """
         ids = torch.as_tensor(input_ids).reshape(-1)
-        record: dict[int, Tensor] = {}
-        kwargs = {"logits_to_keep": 1} if self._can_keep else {}
-        with eval_mode(self.model), hooked(self.blocks, {}, 0, record):
-            out = self.model(ids[None].to(self._device()), use_cache=True, **kwargs)
-        cache = out.get("cache") if "cache" in out else out.get("past_key_values")
-        kv = [(k.detach(), v.detach()) for k, v in cache_tensors(cache)]
-        if any(k.shape[-2] != ids.shape[0] for k, _ in kv):
-            raise ValueError("The model's KV cache does not keep every position (sliding-window "
-                             "cache?); position-local cached ablation needs the full prefix.")
-        hidden = torch.stack([record[i][0] for i in range(self.num_layers + 1)], dim=1)
-        return ResidualTrace(ids, hidden, kv)
+        with eval_mode(self.model):
+            return trace_forward(self.model, self.blocks, ids, self._cache_kw, self._can_keep)
 
     def _device(self) -> torch.device:
         return self.model.get_input_embeddings().weight.device
 
+    def run_plan(self, trace: ResidualTrace, pos: int, plan: RowPlan, ids: Tensor) -> Tensor:
+        """Run the rows of ``plan`` at ``pos``: one cached single-token forward.
+
+        Args:
+            trace (ResidualTrace): The clean forward of the sequence.
+            pos (int): The position.
+            plan (RowPlan): The rows and their changes of the residual stream (row 0 the
+                only clean row).
+            ids (Tensor): ``[T]`` int64 token ids whose probabilities are read.
+
+        Returns:
+            Tensor: ``[R, T]`` probabilities (float32; float64 for a float64 model), CPU.
+
+        Raises:
+            ValueError: a plan without exactly one clean row, row 0.
+        """
+        with eval_mode(self.model):
+            return run_rows(self.model, self.blocks, self._cache_kw, trace, pos, plan,
+                            torch.as_tensor(ids).reshape(-1), self.grow)
+
     def _run_position(self, trace: ResidualTrace, pos: int, target: Tensor,
                       repl: Tensor) -> Tensor:
-        """Clean row + ``K x n`` ablated rows at ``pos``: one cached single-token forward.
+        """Clean row + ``S x n`` ablated rows at ``pos``.
 
-        ``repl`` is ``[K, n, d]``; row ``1 + k n + (l - 1)`` ablates block ``l`` with kind
-        ``k``. Returns the ``[1 + K n]`` probabilities of ``target``.
+        ``repl`` is ``[S, n, d]`` (one slab per kind or donor); row ``1 + s n + (l - 1)``
+        ablates block ``l`` with slab ``s``. Returns the ``[1 + S n]`` probabilities.
         """
-        n_kinds, n = repl.shape[:2]
-        batch = 1 + n_kinds * n
-        plan = {layer: (torch.arange(n_kinds) * n + layer, repl[:, layer - 1])
-                for layer in range(1, n + 1)}
-        ids = trace.input_ids[pos].reshape(1, 1).expand(batch, 1).to(self._device())
-        kwargs = {}
-        if pos > 0:
-            kwargs[self._cache_kw] = make_cache([
-                (k[:, :, :pos].expand(batch, -1, -1, -1), v[:, :, :pos].expand(batch, -1, -1, -1))
-                for k, v in trace.kv])
-        with hooked(self.blocks, plan, -1):
-            logits = self.model(ids, use_cache=True, **kwargs).logits[:, -1]
-        return target_probs(logits, target)
+        n_slabs, n = repl.shape[:2]
+        layers = {layer: (torch.arange(n_slabs) * n + layer, repl[:, layer - 1])
+                  for layer in range(1, n + 1)}
+        start = torch.cat([torch.tensor([n + 1]), torch.arange(1, n + 1).repeat(n_slabs)])
+        plan = RowPlan(1 + n_slabs * n, start, layers)
+        return self.run_plan(trace, pos, plan, torch.as_tensor(target).reshape(1))[:, 0]
 
     def _replacements(self, trace: ResidualTrace, kinds: Sequence[str], n_pos: int,
-                      mean_update: Optional[Tensor], resample: Optional[Tensor]) -> Tensor:
-        """``[P, K, n, d]`` replacement updates, one ``[n, d]`` slab per kind and position."""
+                      mean_update: Optional[Tensor], resample: Optional[Tensor]
+                      ) -> tuple[Tensor, dict[str, list[int]]]:
+        """``[P, S, n, d]`` replacement slabs and the slabs of each kind.
+
+        One slab per kind, ``D`` for ``resample`` with ``[P, D, n, d]`` donors.
+        """
         _, n1, d = trace.hidden.shape
         shape = (n_pos, n1 - 1, d)
-        parts = []
+        parts: list[Tensor] = []
+        slabs: dict[str, list[int]] = {}
         for kind in kinds:
-            if kind == "zero":
-                part = torch.zeros(shape)
-            elif kind == "mean" and mean_update is not None:
-                part = torch.as_tensor(mean_update).expand(shape)
-            elif kind == "resample" and resample is not None:
-                part = torch.as_tensor(resample)
-            elif kind in KINDS:
-                need = "mean_update [n, d]" if kind == "mean" else "resample [P, n, d]"
-                raise ValueError(f"{kind} ablation needs its replacement: pass {need}.")
-            else:
-                raise ValueError(f"Unknown ablation kind {kind!r}: use some of {KINDS}.")
-            if tuple(part.shape) != shape:
-                raise ValueError(f"The {kind} replacement has shape {tuple(part.shape)}, "
-                                 f"expected {list(shape)} ([P, n, d]) or [n, d] for mean.")
-            parts.append(part.to(trace.hidden))
-        return torch.stack(parts, dim=1)
+            part = self._replacement(kind, shape, mean_update, resample)
+            slabs[kind] = list(range(len(parts), len(parts) + part.shape[1]))
+            parts.extend(part.to(trace.hidden).unbind(1))
+        return torch.stack(parts, dim=1), slabs
+
+    @staticmethod
+    def _replacement(kind: str, shape: tuple[int, int, int], mean_update: Optional[Tensor],
+                     resample: Optional[Tensor]) -> Tensor:
+        """``[P, D, n, d]`` replacements of one kind (``D = 1`` but for resample donors)."""
+        if kind == "zero":
+            return torch.zeros(shape)[:, None]
+        if kind == "mean" and mean_update is not None:
+            part = torch.as_tensor(mean_update).expand(shape)
+        elif kind == "resample" and resample is not None:
+            part = torch.as_tensor(resample)
+            part = part[:, None] if part.dim() == 3 else part
+            if part.dim() == 4 and tuple(part.shape[:1] + part.shape[2:]) == shape:
+                return part
+        elif kind in KINDS:
+            need = "mean_update [n, d]" if kind == "mean" else "resample [P, n, d]"
+            raise ValueError(f"{kind} ablation needs its replacement: pass {need}.")
+        else:
+            raise ValueError(f"Unknown ablation kind {kind!r}: use some of {KINDS}.")
+        if tuple(part.shape) != shape:
+            raise ValueError(f"The {kind} replacement has shape {tuple(part.shape)}, expected "
+                             f"{list(shape)} ([P, n, d]; [n, d] for mean, [P, D, n, d] for "
+                             "resample donors).")
+        return part[:, None]
 
     def ablate(self, trace: ResidualTrace, positions: Sequence[int], target: Tensor,
                kinds: Sequence[str] = KINDS, mean_update: Optional[Tensor] = None,
@@ -271,7 +277,8 @@ class BlockAblation:
             target (Tensor): ``[P]`` int64 token ids whose probability at ``i`` is read.
             kinds (sequence of str, optional): Some of :data:`KINDS`. Default: all three.
             mean_update (Tensor, optional): ``[n, d]`` for ``mean``, see :func:`mean_updates`.
-            resample (Tensor, optional): ``[P, n, d]`` donor updates for ``resample``.
+            resample (Tensor, optional): ``[P, n, d]`` donor updates for ``resample``, or
+                ``[P, D, n, d]`` for ``D`` donors (the probabilities are averaged).
             p_final (Tensor, optional): ``[P]`` IG-Lens ``p_final``, also checked if given.
             last_credit (Tensor, optional): ``[P]`` IG-Lens credit of the last block (all
                 layers, default estimator); computed with :class:`~captum_iglens.IGLens` when
@@ -293,75 +300,21 @@ class BlockAblation:
         target = torch.as_tensor(target).reshape(-1).long()
         if target.shape[0] != len(pos):
             raise ValueError(f"target has {target.shape[0]} ids for {len(pos)} positions.")
-        repl = self._replacements(trace, kinds, len(pos), mean_update, resample)
+        repl, slabs = self._replacements(trace, kinds, len(pos), mean_update, resample)
+        probs = torch.stack([self._run_position(trace, p, target[j], repl[j])
+                             for j, p in enumerate(pos)]).cpu()
+        n = self.num_layers
+        each = probs[:, 1:].reshape(len(pos), repl.shape[1], n)
+        p_each = {k: each[:, s] for k, s in slabs.items()}
+        p_ablated = {k: v.mean(1) for k, v in p_each.items()}
+        out = AblationOutput(
+            drops={k: probs[:, :1] - v for k, v in p_ablated.items()}, p_ablated=p_ablated,
+            p_clean=probs[:, 0], target=target, positions=pos,
+            layer_indices=tuple(range(1, n + 1)), check_errors={}, p_each=p_each)
+        spot = spot_layer if spot_layer is not None else 1 + max(pos) % n
         with eval_mode(self.model):
-            probs = torch.stack([self._run_position(trace, p, target[j], repl[j])
-                                 for j, p in enumerate(pos)]).cpu()
-            n = self.num_layers
-            ablated = probs[:, 1:].reshape(len(pos), len(kinds), n)
-            out = AblationOutput(
-                drops={k: probs[:, :1] - ablated[:, j] for j, k in enumerate(kinds)},
-                p_ablated={k: ablated[:, j] for j, k in enumerate(kinds)},
-                p_clean=probs[:, 0], target=target, positions=pos,
-                layer_indices=tuple(range(1, n + 1)), check_errors={})
-            spot = spot_layer if spot_layer is not None else 1 + max(pos) % n
             self._check(out, trace, repl, spot, p_final, last_credit)
         return out
-
-    def _check(self, out: AblationOutput, trace: ResidualTrace, repl: Tensor, spot: int,
-               p_final: Optional[Tensor], last_credit: Optional[Tensor]) -> None:
-        """The three built-in checks; fills ``out.check_errors`` or raises."""
-        clean, spotted = self._full_forward(trace, out, repl, spot)
-        errors = out.check_errors
-        errors["clean"] = self._compare("clean single-token forward vs full forward",
-                                        out.p_clean, clean)
-        if p_final is not None:
-            errors["p_final"] = self._compare("clean single-token forward vs IG-Lens p_final",
-                                              out.p_clean, p_final)
-        cached = torch.stack([out.p_ablated[k][-1, spot - 1] for k in out.p_ablated])
-        errors["spot"] = self._compare(f"cached vs full-sequence ablation of block {spot}",
-                                       cached, spotted)
-        if "zero" in out.drops:
-            if last_credit is None:
-                ids = trace.input_ids[: max(out.positions) + 1][None].to(self._device())
-                details = IGLens(self.model).attribute_details(
-                    ids, target=out.target[None].to(ids.device), positions=out.positions)
-                last_credit = details.attributions[0, :, -1]
-            errors["last_block"] = self._compare(
-                "zero-ablation drop of the last block vs its IG-Lens credit",
-                out.drops["zero"][:, -1], last_credit)
-
-    def _full_forward(self, trace: ResidualTrace, out: AblationOutput, repl: Tensor,
-                      spot: int) -> tuple[Tensor, Tensor]:
-        """Full-sequence hooked forward, no cache: the reference of the checks.
-
-        Returns the clean ``p`` at every position ``[P]`` and each kind's ablation of block
-        ``spot`` at the last position ``[K]``.
-        """
-        last, n_kinds = out.positions[-1], repl.shape[1]
-        ids = trace.input_ids[: max(out.positions) + 1][None].expand(1 + n_kinds, -1)
-        keep = sorted(set(out.positions))
-        kwargs = {"logits_to_keep": torch.tensor(keep)} if self._can_keep else {}
-        plan = {spot: (torch.arange(1, 1 + n_kinds), repl[-1, :, spot - 1])}
-        with hooked(self.blocks, plan, last):
-            logits = self.model(ids.to(self._device()), use_cache=False, **kwargs).logits
-        if logits.shape[1] != len(keep):
-            logits = logits[:, keep]
-        col = {p: c for c, p in enumerate(keep)}
-        clean = target_probs(logits[0, [col[p] for p in out.positions]], out.target)
-        spotted = target_probs(logits[1:, col[last]], out.target[-1])
-        return clean.cpu(), spotted.cpu()
-
-    def _compare(self, name: str, value: Tensor, reference: Tensor) -> float:
-        reference = torch.as_tensor(reference).detach().to("cpu", value.dtype).reshape(-1)
-        err = (value.reshape(-1) - reference).abs()
-        worst = float(err.max()) if bool(torch.isfinite(err).all()) else float("inf")
-        if not bool((err <= self.tolerance * (1 + reference.abs())).all()):
-            raise AblationCheckError(
-                f"Ablation check failed: {name}: largest error {worst:.3g} in probability, "
-                f"tolerance {self.tolerance:.3g}. The cached single-token forward does not "
-                "reproduce this model's full forward (unsupported cache or block layout).")
-        return worst
 
     def direct_effects(self, trace: ResidualTrace, positions: Sequence[int],
                        target: Tensor) -> Tensor:

@@ -1,43 +1,98 @@
-"""The result of a causal validation of IG-Lens: table, JSON and figure."""
+"""The result of a causal validation of IG-Lens: verdict, tables, JSON and figure."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from captum_iglens.validate_stats import METRICS, PREDICTORS, SUBSETS
+from captum_iglens.validate_stats import METRICS, PREDICTORS, analyse
+from captum_iglens.validate_tables import LEGEND, paired_block, summary_block, trajectory_block
+from captum_iglens.validate_verdict import (
+    EXCLUDED_BLOCK,
+    PRE_STATED,
+    decision_views,
+    format_verdict,
+    verdict,
+)
 
-__all__ = ["ValidationResult"]
+__all__ = ["ValidationResult", "analyse_patches"]
 
-_WIDTH = 100
+_PATCH_KINDS = ("patch", "reverse patch")
+
+
+def analyse_patches(patches: Sequence[Any], skipped: Sequence[str], n_boot: int, seed: int,
+                    nonmonotonic_tol: float) -> dict[str, Any]:
+    """Bootstrap analysis and verdict of counterfactual patching, one cluster per pair.
+
+    Args:
+        patches (sequence of PairPatch): From :func:`~captum_iglens.patching.patch_pairs`.
+        skipped (sequence of str): Why pairs were skipped.
+        n_boot (int): Bootstrap resamples.
+        seed (int): Seed of the random predictor and the bootstrap.
+        nonmonotonic_tol (float): Of the contrastive logit-lens trajectory ``F(h_L)``.
+
+    Returns:
+        dict: ``pairs`` (per pair: id, category, position, target, foil, ``f_clean``,
+        ``f_corrupted``, ``embedding_recovery``, ``onset_layer``, ``nonmonotonic``),
+        ``skipped``, the ``[N, n]`` arrays ``credits``, ``lens``, ``direct``, ``drops``
+        (``"patch"``: recovery, ``"reverse patch"``), the analysis of
+        :func:`~captum_iglens.validate_stats.analyse` (``metrics``, ``summary``, ``paired``,
+        ``contrast``, ``views``), ``verdict`` and ``check_errors``.
+
+    Raises:
+        ValueError: fewer than 2 pairs.
+    """
+    if len(patches) < 2:
+        raise ValueError(f"Patching needs at least 2 pairs whose tokens align, got "
+                         f"{len(patches)} ({'; '.join(skipped) or 'no pair given'}).")
+
+    def stack(name: str) -> np.ndarray:
+        return np.stack([getattr(p, name).double().numpy() for p in patches])
+
+    credits, lens, direct = stack("credits"), stack("lens"), stack("direct")
+    drops = {"patch": stack("recovery"), "reverse patch": stack("reverse")}
+    onset = np.array([p.onset for p in patches])
+    out = analyse(credits, lens, direct, onset, drops, np.arange(len(patches)), n_boot, seed,
+                  nonmonotonic_tol, {k: EXCLUDED_BLOCK[k] for k in _PATCH_KINDS})
+    n = credits.shape[1]
+    out["verdict"] = verdict(out["summary"], out["paired"], out["contrast"],
+                             decision_views(out["views"], {k: n for k in _PATCH_KINDS}))
+    out.update(credits=credits, lens=lens, direct=direct, drops=drops, skipped=list(skipped))
+    out["pairs"] = [{"id": p.pair.id, "category": p.pair.category, "clean": p.pair.clean,
+                     "corrupted": p.pair.corrupted, "position": p.position,
+                     "target": p.target, "foil": p.foil, "f_clean": p.f_clean,
+                     "f_corrupted": p.f_corrupted, "embedding_recovery": p.embedding_recovery,
+                     "onset_layer": p.onset + 1, "nonmonotonic": bool(flag)}
+                    for p, flag in zip(patches, out["nonmonotonic"], strict=True)]
+    out["check_errors"] = {k: max(p.check_errors[k] for p in patches)
+                           for k in patches[0].check_errors}
+    return out
 
 
 @dataclass
 class ValidationResult:
-    """Ablation drops and IG-Lens predictors of ``N`` answer tokens over ``n`` blocks.
+    """Interventions and IG-Lens predictors of ``N`` answer tokens over ``n`` blocks.
 
     Arrays are float64 numpy, ``[N, n]`` (column ``j`` = block ``j + 1``), probability units.
 
     Attributes:
         kinds (tuple[str, ...]): Ablation kinds run.
-        layer_indices (list[int]): ``1..n``, the ablated blocks (hidden-state indices).
+        layer_indices (list[int]): ``1..n``, the blocks (hidden-state indices).
         prompts (list[str]) / answers (list[str]): Each prompt and its greedy answer.
-        tokens (list[dict]): Per token: ``prompt_index``, ``token``, ``token_id``,
-            ``position``, ``p_final``, ``onset_layer`` (IG-Lens), ``donor_prompt_index``
+        tokens (list[dict]): Per ablated token: ``prompt_index``, ``token``, ``token_id``,
+            ``position``, ``p_final``, ``onset_layer`` (IG-Lens), ``donor_prompt_indices``
             (resample), ``nonmonotonic`` (logit-lens trajectory).
         credits / lens_probs / direct (ndarray): IG-Lens credits, logit-lens levels
             ``f(h_L)``, direct effects ``f(h_n) - f(h_n - u_L)``.
-        drops (dict[str, ndarray]): kind -> ``p(clean) - p(ablated)``.
-        metrics (dict): kind -> predictor -> metric -> ``[N]`` per-token values.
-        summary / paired (dict): subset (``"all"``, ``"non-monotonic"``) -> kind ->
-            predictor -> metric -> ``[statistic, low, high]`` (95% CI, prompts resampled);
-            ``paired`` holds IG-Lens credit minus the predictor, token by token.
-        settings (dict): The arguments, the check tolerance and the wall time per phase.
+        analysis (dict, optional): The ablation's :func:`~captum_iglens.validate_stats.
+            analyse` output plus ``verdict`` and ``drops`` (None without ablation kinds).
+        settings (dict): The arguments, the check tolerance, the wall time per phase and
+            ``provenance`` (:func:`~captum_iglens.validate_inputs.provenance`).
         check_errors (dict[str, float]): Largest error of each built-in ablation check.
+        patching (dict, optional): :func:`analyse_patches` (None without ``"patch"``).
     """
 
     kinds: tuple[str, ...]
@@ -48,73 +103,103 @@ class ValidationResult:
     credits: np.ndarray
     lens_probs: np.ndarray
     direct: np.ndarray
-    drops: dict[str, np.ndarray]
-    metrics: dict[str, Any]
-    summary: dict[str, Any]
-    paired: dict[str, Any]
+    analysis: Optional[dict[str, Any]]
     settings: dict[str, Any]
     check_errors: dict[str, float]
+    patching: Optional[dict[str, Any]] = None
 
-    def _count(self, subset: str) -> tuple[int, int]:
-        rows = [t for t in self.tokens if subset == "all" or t["nonmonotonic"]]
-        return len(rows), len({t["prompt_index"] for t in rows})
+    def _part(self, key: str) -> Any:
+        return (self.analysis or {}).get(key, {})
+
+    @property
+    def drops(self) -> dict[str, np.ndarray]:
+        """Ablation kind -> ``[N, n]`` ``p(clean) - p(ablated)`` (resample: donors' mean)."""
+        return self._part("drops")
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Per-token values: view -> predictor -> metric -> ``[N]``."""
+        return self._part("metrics")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Bootstrap summaries: subset -> view -> predictor -> metric -> ``[stat, low, high]``."""
+        return self._part("summary")
+
+    @property
+    def paired(self) -> dict[str, Any]:
+        """As :attr:`summary`, for IG-Lens credit minus each predictor, token by token."""
+        return self._part("paired")
+
+    @property
+    def verdict(self) -> list[dict[str, Any]]:
+        """The rows of the pre-stated test: ablation views, then patching views."""
+        return list(self._part("verdict") or []) + list((self.patching or {}).get("verdict",
+                                                                                   []))
+
+    def format_verdict(self) -> str:
+        """The pre-stated test and its verdict on this model, as text."""
+        return "\n".join([PRE_STATED, "",
+                          *format_verdict(self.verdict, str(self.settings.get("model")))])
+
+    def _counts(self, flags: np.ndarray, prompt: np.ndarray) -> str:
+        return f"{len(flags)} tokens from {len(set(prompt.tolist()))} prompts"
+
+    def _view_lines(self, part: dict[str, Any], what: str) -> list[str]:
+        flags = np.asarray(part["nonmonotonic"])
+        counts = (int((~flags).sum()), int(flags.sum()))
+        lines: list[str] = []
+        for view in part["views"]:
+            lines += ["", *summary_block(part["summary"], view, f"{view} {what}"),
+                      *paired_block(part["paired"], view)]
+        for view in part["views"]:
+            lines += ["", *trajectory_block(part["summary"], part["contrast"], view, counts)]
+        return lines
 
     def format_table(self) -> str:
-        """The summaries as text, lines of at most 100 characters.
-
-        Per subset and ablation kind: every predictor's metrics, then IG-Lens credit minus
-        every other predictor (paired, token by token).
-        """
-        n_tok, n_prompts = self._count("all")
+        """The verdict, then every table, as text (lines of at most 100 characters)."""
         s = self.settings
-        lines = [
-            f"IG-Lens credit vs block ablation: {n_tok} tokens from {n_prompts} prompts "
-            f"(p_final >= {s['threshold']:g}), {len(self.layer_indices)} blocks.",
-            "Per token, the blocks are ranked by their drop p(clean) - p(ablated) at its position.",
-            f"Medians (top-k: means), 95% CIs from a prompt-clustered bootstrap ({s['n_boot']} "
-            "resamples).",
-            "pct: percentile of the drop at the predictor's top / onset block (50 = chance).",
-            "|Δonset|: layers from that onset to the half-drop block (the first block from which",
-            "the cumulative drop stays at or beyond half its sum: the rule of IG-Lens's onset).",
-        ]
-        for subset in SUBSETS:
-            for kind in self.kinds:
-                lines += ["", *self._summary_block(subset, kind), *self._paired_block(subset, kind)]
-        checks = ", ".join(f"{k} {v:.1e}" for k, v in self.check_errors.items())
-        lines += ["", f"checks passed (largest |error|): {checks}",
-                  f"  tolerance {s['tolerance']:.1e}"]
+        lines = [f"IG-Lens credit vs causal interventions on {s.get('model')}, "
+                 f"{len(self.layer_indices)} blocks.",
+                 f"This run: {s['n_boot']} bootstrap resamples, seed {s['seed']}, "
+                 f"{s['donors']} resample donors.", self.format_verdict(), "", *LEGEND]
+        if self.analysis is not None:
+            prompt = np.array([t["prompt_index"] for t in self.tokens])
+            lines += ["", f"ABLATION: {self._counts(prompt, prompt)} (p_final >= "
+                      f"{s['threshold']:g}); drop = p(clean) - p(ablated) at the token;",
+                      f"resample: the mean over {s['donors']} donor prompts (seed "
+                      f"{s['seed']})", *self._view_lines(self.analysis, "ablation")]
+        if self.patching is not None:
+            lines += ["", *self._patch_head(), *self._view_lines(self.patching, "(pairs)")]
+        checks = [f"{k} {v:.1e}" for k, v in self._all_checks().items()]
+        lines += ["", "checks passed (largest |error|, tolerance "
+                  f"{s['tolerance']:.1e} (1 + |reference|)):"]
+        lines += ["  " + ", ".join(checks[i:i + 5]) for i in range(0, len(checks), 5)]
         return "\n".join(line.rstrip() for line in lines)
 
-    def _summary_block(self, subset: str, kind: str) -> list[str]:
-        n_tok, n_prompts = self._count(subset)
-        head = f"{kind} ablation, {subset} tokens: {n_tok} tokens, {n_prompts} prompts"
-        lines = [head, f"{'predictor':<16}{'Spearman [95% CI]':<22}{'top-1':>6}{'top-3':>6}  "
-                       f"{'pct@top [CI]':<15}{'pct@onset [CI]':<15}{'|Δonset|':>8}"]
-        for name in PREDICTORS:
-            row = self.summary.get(subset, {}).get(kind, {}).get(name, {})
-            get = lambda m, r=row: r.get(m, [math.nan] * 3)  # noqa: E731
-            lines.append(f"{name:<16}{_ci(get('spearman'), '+.2f'):<22}"
-                         f"{_num(get('top1')[0], '.2f'):>6}{_num(get('top3')[0], '.2f'):>6}  "
-                         f"{_ci(get('pct_top'), '.0f'):<15}{_ci(get('pct_onset'), '.0f'):<15}"
-                         f"{_num(get('onset_dist')[0], '.1f'):>8}")
-        return lines
+    def _patch_head(self) -> list[str]:
+        pairs = self.patching["pairs"]
+        f_c = np.median([p["f_clean"] for p in pairs])
+        f_x = np.median([p["f_corrupted"] for p in pairs])
+        return [f"PATCHING: {len(pairs)} pairs ({len(self.patching['skipped'])} skipped); F = "
+                f"p(y) - p(foil) at the last prompt token,",
+                f"median clean {f_c:+.2f}, corrupted {f_x:+.2f}. patch: F recovered in the "
+                "corrupted run when one block's", "clean update is patched in; reverse patch: F "
+                "lost in the clean run when its corrupted update is.", "Credit: contrastive "
+                "IG-Lens from the corrupted reference; cluster = pair."]
 
-    def _paired_block(self, subset: str, kind: str) -> list[str]:
-        lines = [f"{'IG-Lens minus':<16}{'ΔSpearman [CI]':<22}{'Δtop-1 [CI]':<22}"
-                 f"{'Δpct@top [CI]':<18}{'Δpct@onset [CI]':<18}"]
-        for name in PREDICTORS[1:]:
-            row = self.paired.get(subset, {}).get(kind, {}).get(name, {})
-            get = lambda m, r=row: r.get(m, [math.nan] * 3)  # noqa: E731
-            lines.append(f"{name:<16}{_ci(get('spearman'), '+.2f'):<22}"
-                         f"{_ci(get('top1'), '+.2f'):<22}{_ci(get('pct_top'), '+.0f'):<18}"
-                         f"{_ci(get('pct_onset'), '+.0f'):<18}")
-        return lines
+    def _all_checks(self) -> dict[str, float]:
+        checks = dict(self.check_errors)
+        for k, v in (self.patching or {}).get("check_errors", {}).items():
+            checks[f"patch {k}"] = v
+        return checks
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, NaN as ``None``.
 
-        Holds the settings, prompts and answers, per-token arrays and metrics, the
-        summaries, the paired comparisons and the check errors.
+        Holds the settings (with the provenance), prompts and answers, per-token arrays
+        and metrics, the summaries, paired comparisons, the monotonic / non-monotonic
+        contrasts, the verdict, the patching pairs and analysis, and the check errors.
         """
         tokens = []
         for i, token in enumerate(self.tokens):
@@ -125,11 +210,14 @@ class ValidationResult:
                                       for p, vals in by_p.items()}
                                   for k, by_p in self.metrics.items()})
             tokens.append(entry)
+        ablation = {k: v for k, v in (self.analysis or {}).items()
+                    if k not in ("metrics", "drops", "nonmonotonic")}
         return _plain({
             "settings": self.settings, "layers": self.layer_indices, "kinds": self.kinds,
-            "predictors": PREDICTORS, "metrics": METRICS, "prompts": self.prompts,
-            "answers": self.answers, "summary": self.summary, "paired": self.paired,
-            "check_errors": self.check_errors, "tokens": tokens,
+            "predictors": PREDICTORS, "metrics": METRICS, "pre_stated_test": PRE_STATED,
+            "verdict": self.verdict, "prompts": self.prompts, "answers": self.answers,
+            "ablation": ablation, "patching": self.patching, "check_errors": self._all_checks(),
+            "tokens": tokens,
         })
 
     def to_json(self, path: Optional[str] = None, indent: int = 1) -> str:
@@ -143,7 +231,7 @@ class ValidationResult:
     def plot(self, path: Optional[str] = None) -> Any:
         """Draw the per-token correlations and the mean profiles across blocks.
 
-        Left: per-token Spearman rho of every predictor, one box per ablation kind. Right:
+        Left: per-token Spearman rho of every predictor, one box per ablation view. Right:
         mean IG-Lens credit, direct effect and drop of each kind per block (probability).
 
         Args:
@@ -152,50 +240,9 @@ class ValidationResult:
         Returns:
             matplotlib ``Figure`` (built without pyplot's global state).
         """
-        from matplotlib.figure import Figure
+        from captum_iglens.validate_plot import plot_validation
 
-        fig = Figure(figsize=(14, 5), layout="constrained")
-        left, right = fig.subplots(1, 2, width_ratios=[1.3, 1])
-        width = 0.8 / len(self.kinds)
-        for j, kind in enumerate(self.kinds):
-            data = [_finite(self.metrics[kind][p]["spearman"]) for p in PREDICTORS]
-            where = np.arange(len(PREDICTORS)) + (j - (len(self.kinds) - 1) / 2) * width
-            box = left.boxplot(data, positions=where, widths=width * 0.9, patch_artist=True,
-                               showfliers=False)
-            for patch in box["boxes"]:
-                patch.set_facecolor(f"C{j}")
-            left.plot([], [], color=f"C{j}", lw=6, label=f"{kind} ablation")
-        left.axhline(0, color="0.5", lw=0.8)
-        left.set_xticks(range(len(PREDICTORS)), PREDICTORS, rotation=30, ha="right")
-        left.set_ylabel("Spearman rho(predictor, drop) per token")
-        left.legend(loc="lower left", fontsize=8)
-        layers = self.layer_indices
-        right.plot(layers, self.credits.mean(0), "k-o", ms=3, label="IG-Lens credit")
-        right.plot(layers, self.direct.mean(0), "k--", label="direct effect")
-        for j, kind in enumerate(self.kinds):
-            right.plot(layers, self.drops[kind].mean(0), color=f"C{j}", label=f"{kind} drop")
-        right.set_xlabel("decoder block")
-        right.set_ylabel("mean over tokens (probability)")
-        right.legend(fontsize=8)
-        fig.suptitle(f"IG-Lens credit vs ablation drop ({len(self.tokens)} tokens)")
-        if path is not None:
-            fig.savefig(path, dpi=120)
-        return fig
-
-
-def _num(value: float, fmt: str) -> str:
-    return "n/a" if not math.isfinite(value) else format(value, fmt)
-
-
-def _ci(triple: list[float], fmt: str) -> str:
-    stat, low, high = triple
-    if not math.isfinite(stat):
-        return "n/a"
-    return f"{format(stat, fmt)} [{_num(low, fmt)},{_num(high, fmt)}]"
-
-
-def _finite(values: np.ndarray) -> np.ndarray:
-    return values[np.isfinite(values)]
+        return plot_validation(self, path)
 
 
 def _plain(value: Any) -> Any:
@@ -211,5 +258,5 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (np.integer, int)):
         return int(value)
     if isinstance(value, (np.floating, float)):
-        return float(value) if math.isfinite(value) else None
+        return float(value) if np.isfinite(value) else None
     return value

@@ -2,95 +2,44 @@
 
 Pure numpy / scipy on per-token arrays (``N`` tokens x ``n`` blocks, column ``j`` = block
 ``j + 1``); :func:`captum_iglens.validate.validate` feeds it. The onset layer is the
-paper's (arXiv:2606.29693): the first block where cumulative ``|credit|`` reaches half.
+paper's (arXiv:2606.29693): the first block from which the cumulative credit stays at or
+beyond half its sum.
+
+Views: every intervention kind is scored on all its blocks and, where one block's drop is
+tied to its credit by construction, also without that block (``exclude``): under zero
+ablation the last block's drop *is* its credit (both ``f(h_n) - f(h_{n-1})``), and under
+patching block 1's contrastive credit holds the jump from the corrupted reference's last
+residual to the clean ``h_1``. The view without it is named ``"<kind> w/o block <L>"``.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
-from scipy import stats
+
+from captum_iglens.validate_metrics import (
+    METRICS,
+    half_point,
+    nonmonotonic,
+    onset_gain,
+    profile_free_spearman,
+    token_metrics,
+)
 
 __all__ = ["METRICS", "PREDICTORS", "SUBSETS", "analyse", "cluster_bootstrap", "half_point",
-           "nonmonotonic", "token_metrics"]
+           "nonmonotonic", "onset_gain", "profile_free_spearman", "token_metrics", "view_name"]
 
 PREDICTORS: tuple[str, ...] = ("IG-Lens credit", "|credit|", "lens level", "direct effect",
                                "first layer", "last layer", "random", "other prompts")
-#: Per-token metrics; ``top1`` / ``top3`` are summarised by their mean, the rest by the median.
-METRICS: tuple[str, ...] = ("spearman", "top1", "top3", "pct_top", "pct_onset", "onset_dist")
-SUBSETS: tuple[str, ...] = ("all", "non-monotonic")
+SUBSETS: tuple[str, ...] = ("all", "monotonic", "non-monotonic")
 _RATES = ("top1", "top3")
 
 
-def half_point(cumulative: np.ndarray) -> np.ndarray:
-    """The first column from which a cumulative curve stays at or beyond half its end.
-
-    The rule of IG-Lens's default ("sustained") onset: for ``[N, n]`` cumulative values
-    ``C`` with end ``C_n`` and ``s`` its sign, the first ``j`` with ``s C_j' >= s C_n / 2``
-    for every ``j' >= j``.
-
-    Returns:
-        ndarray: ``[N]`` int columns (0-based); ``n - 1`` at the latest.
-    """
-    end = cumulative[:, -1:]
-    sign = np.where(end < 0, -1.0, 1.0)
-    slack = 1e-12 * np.abs(cumulative).max(1, keepdims=True)
-    failing = sign * cumulative < sign * 0.5 * end - slack
-    n = cumulative.shape[1]
-    last_fail = np.where(failing.any(1), n - 1 - np.argmax(failing[:, ::-1], axis=1), -1)
-    return np.minimum(last_fail + 1, n - 1)
-
-
-def _spearman(scores: np.ndarray, drops: np.ndarray) -> np.ndarray:
-    """Per-row Spearman rho: the Pearson correlation of the rows' average ranks.
-
-    Equal to :func:`scipy.stats.spearmanr` row by row (ties get average ranks), without its
-    all-pairs matrix and p-values; NaN for a constant row.
-    """
-    a = stats.rankdata(scores, axis=1)
-    b = stats.rankdata(drops, axis=1)
-    a -= a.mean(1, keepdims=True)
-    b -= b.mean(1, keepdims=True)
-    norm = np.sqrt((a * a).sum(1) * (b * b).sum(1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norm > 0, (a * b).sum(1) / norm, np.nan)
-
-
-def _percentile(drops: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Percentile (0-100, ties halved) of the drop at column ``cols[t]`` among row ``t``."""
-    value = drops[np.arange(drops.shape[0]), cols][:, None]
-    return 50.0 * ((drops < value).sum(1) + (drops <= value).sum(1)) / drops.shape[1]
-
-
-def token_metrics(scores: np.ndarray, onset: np.ndarray, drops: np.ndarray
-                  ) -> dict[str, np.ndarray]:
-    """Per-token agreement of a predictor with the ablation drops.
-
-    Args:
-        scores (ndarray): ``[N, n]`` predictor scores (higher = more important).
-        onset (ndarray): ``[N]`` int column (0-based block) the predictor marks as onset.
-        drops (ndarray): ``[N, n]`` ablation drops, probability units.
-
-    Returns:
-        dict: each of :data:`METRICS` -> ``[N]`` float64 (``top1``/``top3`` are 0/1).
-    """
-    top = scores.argmax(1)
-    ranked = np.argsort(-drops, axis=1, kind="stable")
-    return {
-        "spearman": _spearman(scores, drops),
-        "top1": (top == ranked[:, 0]).astype(np.float64),
-        "top3": (ranked[:, :3] == top[:, None]).any(1).astype(np.float64),
-        "pct_top": _percentile(drops, top),
-        "pct_onset": _percentile(drops, onset),
-        "onset_dist": np.abs(onset - half_point(drops.cumsum(1))).astype(np.float64),
-    }
-
-
-def nonmonotonic(lens: np.ndarray, tol: float) -> np.ndarray:
-    """Whether the logit-lens trajectory falls more than ``tol`` below its running maximum."""
-    return (np.maximum.accumulate(lens, axis=1) - lens).max(1) > tol
+def view_name(kind: str, block: int) -> str:
+    """Name of the view of ``kind`` without ``block`` (1-based), e.g. ``"zero w/o block 30"``."""
+    return f"{kind} w/o block {block}"
 
 
 def _statistic(columns: np.ndarray, rates: np.ndarray) -> np.ndarray:
@@ -109,8 +58,12 @@ def _statistic(columns: np.ndarray, rates: np.ndarray) -> np.ndarray:
 
 
 def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
-                      n_boot: int = 1000, seed: int = 0) -> np.ndarray:
+                      n_boot: int = 1000, seed: int = 0,
+                      split: Optional[np.ndarray] = None) -> np.ndarray:
     """Statistic and percentile 95% CI of every column, resampling clusters (prompts).
+
+    The one cluster bootstrap of the validation: the H1-H3 tests
+    (:mod:`captum_iglens.validate_verdict`) and every table use it.
 
     Args:
         columns (ndarray): ``[N, C]`` per-token values (NaN ignored).
@@ -119,6 +72,9 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
             statistic is taken over these rows only (a subset of tokens).
         n_boot (int, optional): Resamples. Default: 1000.
         seed (int, optional): Seed of the resampling. Default: 0.
+        split (ndarray, optional): ``[N]`` bool. The statistic is then the difference
+            ``stat(rows with split) - stat(rows without)``, both from the same resampled
+            clusters (a difference between two token subsets, paired by prompt).
 
     Returns:
         ndarray: ``[C, 3]`` (statistic, 2.5th percentile, 97.5th percentile); NaN where no
@@ -126,12 +82,19 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
     """
     if not groups:
         return np.full((len(rates), 3), np.nan)
-    point = _statistic(columns[np.concatenate(list(groups))], rates)
+
+    def statistic(rows: np.ndarray) -> np.ndarray:
+        if split is None:
+            return _statistic(columns[rows], rates)
+        return (_statistic(columns[rows[split[rows]]], rates)
+                - _statistic(columns[rows[~split[rows]]], rates))
+
+    point = statistic(np.concatenate(list(groups)))
     rng = np.random.default_rng(seed)
     draws = np.empty((n_boot, columns.shape[1]))
     for b in range(n_boot):
         pick = rng.integers(0, len(groups), len(groups))
-        draws[b] = _statistic(columns[np.concatenate([groups[g] for g in pick])], rates)
+        draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         quantile = np.nanpercentile if np.isnan(draws).any() else np.percentile
@@ -176,49 +139,115 @@ def predictor_scores(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray,
 
 def _columns(metrics: dict[str, dict[str, dict[str, np.ndarray]]]
              ) -> tuple[list[tuple[str, ...]], np.ndarray]:
-    """Every (table, kind, predictor, metric) column of the bootstrap.
+    """Every (table, view, predictor, metric) column of the bootstrap.
 
     The metrics themselves, and the paired differences IG-Lens credit minus each other
     predictor, token by token.
     """
     keys: list[tuple[str, ...]] = []
     cols = []
-    for kind, by_name in metrics.items():
+    for view, by_name in metrics.items():
         ours = by_name[PREDICTORS[0]]
         for name, values in by_name.items():
             for metric in METRICS:
-                keys.append(("summary", kind, name, metric))
+                keys.append(("summary", view, name, metric))
                 cols.append(values[metric])
                 if name != PREDICTORS[0]:
-                    keys.append(("paired", kind, name, metric))
+                    keys.append(("paired", view, name, metric))
                     cols.append(ours[metric] - values[metric])
     return keys, np.stack(cols, axis=1)
 
 
+def _views(drops: Mapping[str, np.ndarray], exclude: Mapping[str, int]
+           ) -> list[tuple[str, str, np.ndarray]]:
+    """``(view, kind, columns)``: every kind on all blocks, then without its excluded one."""
+    views = []
+    for kind, kind_drops in drops.items():
+        n = kind_drops.shape[1]
+        views.append((kind, kind, np.arange(n)))
+        if kind in exclude:
+            col = exclude[kind] % n
+            views.append((view_name(kind, col + 1), kind, np.delete(np.arange(n), col)))
+    return views
+
+
+def _view_metrics(arrays: Mapping[str, np.ndarray], onset: np.ndarray, cols: np.ndarray,
+                  kind_drops: np.ndarray, prompt: np.ndarray, random: np.ndarray
+                  ) -> dict[str, dict[str, np.ndarray]]:
+    """Every predictor's metrics on the blocks ``cols`` (onsets recomputed on a subset)."""
+    full = len(cols) == kind_drops.shape[1]
+    sub = {k: v[:, cols] for k, v in arrays.items()}
+    own_onset = onset if full else half_point(sub["credits"].cumsum(1))
+    drops = kind_drops[:, cols]
+    scores = predictor_scores(sub["credits"], sub["lens"], sub["direct"], own_onset, drops,
+                              prompt, random[:, cols])
+    out = {name: token_metrics(s, o, drops, prompt) for name, (s, o) in scores.items()}
+    # The other prompts' profile is itself built from the drops the residual ranks remove:
+    # its profile-free rho is negative by construction, not a measurement.
+    out["other prompts"]["spearman_token"] = np.full(len(drops), np.nan)
+    return out
+
+
 def analyse(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray, onset: np.ndarray,
             drops: dict[str, np.ndarray], prompt: np.ndarray, n_boot: int = 1000,
-            seed: int = 0, nonmonotonic_tol: float = 0.05) -> dict[str, Any]:
-    """Per-token metrics of every predictor and kind, and their bootstrap summaries.
+            seed: int = 0, nonmonotonic_tol: float = 0.05,
+            exclude: Optional[Mapping[str, int]] = None) -> dict[str, Any]:
+    """Per-token metrics of every predictor and view, and their bootstrap summaries.
+
+    Args:
+        credits (ndarray): ``[N, n]`` IG-Lens credits (probability units).
+        lens (ndarray): ``[N, n]`` logit-lens levels ``f(h_L)``.
+        direct (ndarray): ``[N, n]`` direct effects ``f(h_n) - f(h_n - u_L)``.
+        onset (ndarray): ``[N]`` IG-Lens onset column (0-based), all blocks.
+        drops (dict): kind -> ``[N, n]`` drops (or recoveries) of that intervention.
+        prompt (ndarray): ``[N]`` prompt (cluster) of each token.
+        n_boot (int, optional): Bootstrap resamples. Default: 1000.
+        seed (int, optional): Seeds the random predictor and the bootstrap. Default: 0.
+        nonmonotonic_tol (float, optional): See :func:`nonmonotonic`. Default: 0.05.
+        exclude (mapping, optional): kind -> column whose block is also left out in a
+            second view (``-1``: the last block). Default: none.
 
     Returns:
-        dict with ``metrics`` (kind -> predictor -> metric -> ``[N]``), ``nonmonotonic``
-        (``[N]`` bool), ``summary`` and ``paired`` (subset -> kind -> predictor -> metric
-        -> ``[statistic, low, high]``, 95% CI clustered by prompt).
+        dict with ``metrics`` (view -> predictor -> metric -> ``[N]``), ``nonmonotonic``
+        (``[N]`` bool), ``views`` (view -> kind), ``summary`` and ``paired`` (subset -> view
+        -> predictor -> metric -> ``[statistic, low, high]``, 95% CI clustered by prompt)
+        and ``contrast`` (view -> predictor -> metric -> the same for the difference
+        non-monotonic minus monotonic tokens, summary columns and paired ones under
+        ``"summary"`` / ``"paired"``).
     """
     random = np.random.default_rng(seed).standard_normal(credits.shape)
-    metrics = {}
-    for kind, kind_drops in drops.items():
-        scores = predictor_scores(credits, lens, direct, onset, kind_drops, prompt, random)
-        metrics[kind] = {name: token_metrics(s, o, kind_drops) for name, (s, o) in scores.items()}
+    arrays = {"credits": credits, "lens": lens, "direct": direct}
+    views = _views(drops, exclude or {})
+    metrics = {view: _view_metrics(arrays, onset, cols, drops[kind], prompt, random)
+               for view, kind, cols in views}
     keys, columns = _columns(metrics)
     rates = np.array([key[-1] in _RATES for key in keys])
     flags = nonmonotonic(lens, nonmonotonic_tol)
     out: dict[str, Any] = {"metrics": metrics, "nonmonotonic": flags, "summary": {},
-                           "paired": {}}
-    for subset, mask in zip(SUBSETS, (np.ones_like(flags), flags), strict=True):
-        groups = [np.flatnonzero(mask & (prompt == p)) for p in np.unique(prompt)]
-        table = cluster_bootstrap(columns, rates, [g for g in groups if len(g)], n_boot, seed)
-        for key, row in zip(keys, table, strict=True):
-            node = out[key[0]].setdefault(subset, {}).setdefault(key[1], {})
-            node.setdefault(key[2], {})[key[3]] = [float(v) for v in row]
+                           "paired": {}, "contrast": {"summary": {}, "paired": {}},
+                           "views": {view: kind for view, kind, _ in views}}
+    masks = (np.ones_like(flags), ~flags, flags)
+    for subset, mask in zip(SUBSETS, masks, strict=True):
+        table = cluster_bootstrap(columns, rates, _groups(prompt, mask), n_boot, seed)
+        _store(out, keys, table, subset)
+    table = cluster_bootstrap(columns, rates, _groups(prompt, np.ones_like(flags)), n_boot,
+                              seed, split=flags)
+    _store(out["contrast"], keys, table, None)
     return out
+
+
+def _groups(prompt: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    """Row indices of each prompt's tokens within ``mask`` (empty prompts dropped)."""
+    groups = [np.flatnonzero(mask & (prompt == p)) for p in np.unique(prompt)]
+    return [g for g in groups if len(g)]
+
+
+def _store(out: dict, keys: list[tuple[str, ...]], table: np.ndarray,
+           subset: Optional[str]) -> None:
+    """File each bootstrap row under ``out[table][subset][view][predictor][metric]``."""
+    for key, row in zip(keys, table, strict=True):
+        node = out[key[0]]
+        if subset is not None:
+            node = node.setdefault(subset, {})
+        node = node.setdefault(key[1], {}).setdefault(key[2], {})
+        node[key[3]] = [float(v) for v in row]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tolerance import f32_tol, reduction_length, sensitivity
 from conftest import VOCAB, make_tiny
 from torch import nn
 
@@ -147,3 +148,82 @@ def test_half_precision_checks_are_capped_not_vacuous() -> None:
     trace = ablation.trace(torch.arange(12))
     out = ablation.ablate(trace, [5, 11], torch.tensor([3, 4]), ("zero",))
     assert max(out.check_errors.values()) <= ablation.tolerance
+
+
+def _all_rows(model, ids: torch.Tensor, pos: int, repl: torch.Tensor,
+              target: int) -> torch.Tensor:
+    """p(target) at ``pos`` for every (slab, block) ablation by full-sequence hooked forwards
+    (no cache, every row from block 1): ``[S * n]``, the rows in the library's order."""
+    return torch.stack([_reference_tensor(model, ids, pos, layer, repl[s, layer - 1], target)
+                        for s in range(repl.shape[0]) for layer in range(1, repl.shape[1] + 1)])
+
+
+def _reference_tensor(model, ids, pos, layer, repl, target) -> torch.Tensor:
+    """:func:`_reference` as a tensor in the graph (for :func:`sensitivity`)."""
+    block = resolve_decoder_blocks(model)[layer - 1]
+    seen = {}
+
+    def pre(_m, args, kwargs):
+        seen["in"] = args[0] if args else kwargs["hidden_states"]
+
+    def post(_m, _a, output):
+        hidden = (output if isinstance(output, torch.Tensor) else output[0]).clone()
+        hidden[0, pos] = seen["in"][0, pos] + repl
+        return hidden if isinstance(output, torch.Tensor) else (hidden, *output[1:])
+
+    handles = [block.register_forward_pre_hook(pre, with_kwargs=True),
+               block.register_forward_hook(post)]
+    try:
+        logits = model(ids[None, : pos + 1], use_cache=False).logits[0, pos]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return torch.softmax(logits.float(), -1)[target]
+
+
+def test_rows_started_at_their_block_equal_the_full_recomputation(setup) -> None:
+    """A row that ablates block L joins the batch after block L - 1 from the clean row's
+    residual (grow=True) instead of recomputing blocks 1..L-1 (grow=False): both are float32
+    evaluations of the same probability, each within ``eps sqrt(n) S`` of the exact value
+    (S: its sensitivity, tests/_tolerance.py)."""
+    model, ablation, traces, ids, target = setup
+    mean = mean_updates(traces[1:], min_positions=200)
+    donors = torch.stack([traces[q].updates[[p + 1 for p in POSITIONS]] for q in (1, 2)], 1)
+    kinds = ("zero", "mean", "resample")
+    full = BlockAblation(model, grow=False)
+    grown = ablation.ablate(traces[0], POSITIONS, target, kinds, mean, donors)
+    again = full.ablate(traces[0], POSITIONS, target, kinds, mean, donors)
+    n_terms = reduction_length(model)
+    repl, _ = ablation._replacements(traces[0], kinds, len(POSITIONS), mean, donors)
+    for j, pos in enumerate(POSITIONS):
+        sens = sensitivity(model, lambda j=j, pos=pos: _all_rows(
+            model, ids, pos, repl[j], int(target[j])))
+        bound = f32_tol(sens, sens, n_terms=n_terms).reshape(-1, N_BLOCKS)
+        for s, kind in enumerate(("zero", "mean", "resample", "resample")):
+            d = s - 2 if kind == "resample" else 0
+            a = grown.p_each[kind][j, d].double()
+            b = again.p_each[kind][j, d].double()
+            assert bool(((a - b).abs() <= bound[s]).all()), (kind, j)
+    # What the test catches: a row started from the wrong residual (h_L instead of
+    # h_{L-1}, i.e. block L's update counted twice) moves p by far more than the bound.
+    assert float(bound.max()) < 1e-2 * float(grown.drops["zero"].abs().max())
+
+
+def test_resample_donors_are_averaged(setup) -> None:
+    model, ablation, traces, ids, target = setup
+    donors = torch.stack([traces[q].updates[[p + 1 for p in POSITIONS]] for q in (1, 2, 3)], 1)
+    out = ablation.ablate(traces[0], POSITIONS, target, ("resample",), resample=donors)
+    each = out.p_each["resample"]
+    assert each.shape == (len(POSITIONS), 3, N_BLOCKS)
+    # exact: p_ablated is this very mean of the same tensor
+    assert torch.equal(out.p_ablated["resample"], each.mean(1))
+    one = ablation.ablate(traces[0], POSITIONS, target, ("resample",), resample=donors[:, 1])
+    # Another batch (1 donor instead of 3) rounds differently: within the derived bound.
+    for j, pos in enumerate(POSITIONS):
+        sens = sensitivity(model, lambda j=j, pos=pos: _all_rows(
+            model, ids, pos, donors[j, 1:2], int(target[j])))
+        bound = f32_tol(sens, sens, n_terms=reduction_length(model))
+        diff = (one.p_ablated["resample"][j] - each[j, 1]).double().abs()
+        assert bool((diff <= bound).all())
+    with pytest.raises(ValueError, match="P, D, n, d"):
+        ablation.ablate(traces[0], POSITIONS, target, ("resample",), resample=donors[:2])
