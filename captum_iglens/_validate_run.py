@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from captum_iglens import explain
+from captum_iglens._progress import progress_enabled
 from captum_iglens.ablation import BlockAblation, mean_updates
 from captum_iglens.patching import PairAlignmentError, PromptPair, pair_ids
 from captum_iglens.validate_stats import analyse
@@ -55,7 +56,8 @@ def _explain_all(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_n
                  threshold: float, ablation: BlockAblation, progress: bool,
                  explain_fn: Callable) -> list[_Item]:
     items = []
-    for prompt in tqdm(prompts, desc="explain", unit="prompt", disable=not progress):
+    shown = progress and progress_enabled()  # --no-progress switches these off too
+    for prompt in tqdm(prompts, desc="explain", unit="prompt", disable=not shown):
         result = explain_fn(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
                             chat_template=True)
         trace = ablation.trace(torch.tensor(result.input_ids))
@@ -135,7 +137,8 @@ def _ablate_all(ablation: BlockAblation, items: list[_Item], kinds: Sequence[str
     data = _Data(drops={k: [] for k in kinds})
     sets = donor_sets(len(items), donors, seed)
     total = sum(len(it.selected) for it in items)
-    with tqdm(total=total, desc="ablate", unit="token", disable=not progress) as bar:
+    shown = progress and progress_enabled()  # --no-progress switches these off too
+    with tqdm(total=total, desc="ablate", unit="token", disable=not shown) as bar:
         for p, item in enumerate(items):
             if not item.selected:
                 continue
