@@ -37,6 +37,7 @@ __all__ = [
     "ModelDistribution",
     "ReadoutMismatchError",
     "check_distribution",
+    "check_distribution_errors",
     "check_readout",
     "chunk_rows",
     "distribution_tolerance",
@@ -282,20 +283,7 @@ def check_distribution(
     err = _distribution_errors(readout, hidden.reshape(-1, d),
                                reference.log_probs.reshape(batch * n_pos, -1),
                                chunk_rows(chunk, vocab), name)
-    tol = distribution_tolerance(model_dtype, d, reference.logit_max.reshape(-1))
-    ratio = err.double() / tol
-    worst = int(ratio.argmax())
-    if bool(ratio[worst] > 1):
-        row, col = divmod(worst, n_pos)
-        raise ReadoutMismatchError(
-            f"Invariant R failed for architecture {name!r}: the lens readout of the last "
-            f"block's residual gives another next-token distribution than the model (row "
-            f"{row}, explained position {col}: a log-probability differs by "
-            f"{float(err[worst]):.3g} nats, tolerance {float(tol[worst]):.3g}). The resolved "
-            "final norm / unembedding / logit transform do not reproduce this model's logits; "
-            "pass IGLens(model, readout=...) with a callable that maps a pre-final-norm "
-            "residual [..., d] to the model's logits [..., V]."
-        )
+    check_distribution_errors(err, reference, model_dtype, d, name)
 
 
 def check_readout(
@@ -362,3 +350,36 @@ def check_readout(
         )
     if hidden is not None and reference is not None:
         check_distribution(readout, hidden, reference, model_dtype, chunk, name)
+
+
+def check_distribution_errors(errors: Tensor, reference: ModelDistribution,
+                              dtype: torch.dtype, hidden_size: int, name: str) -> None:
+    """Refuse a readout whose distribution at ``h_n`` strays from the model's (Invariant R).
+
+    Args:
+        errors (Tensor): ``[B * P]`` ``max_v |log p_lens(h_n)_v - log p_model_v|`` in nats
+            (:func:`~captum_iglens.estimators.read_nodes`).
+        reference (ModelDistribution): The model's own distribution ``[B, P, V]``.
+        dtype (torch.dtype): The model's dtype.
+        hidden_size (int): ``d``.
+        name (str): The architecture, for the message.
+
+    Raises:
+        ReadoutMismatchError: an error above
+            :func:`~captum_iglens.readout.distribution_tolerance`, naming the first worst row.
+    """
+    n_pos = reference.log_probs.shape[1]
+    tol = distribution_tolerance(dtype, hidden_size, reference.logit_max.reshape(-1))
+    ratio = errors.double() / tol
+    worst = int(ratio.argmax())
+    if bool(ratio[worst] > 1):
+        row, col = divmod(worst, n_pos)
+        raise ReadoutMismatchError(
+            f"Invariant R failed for architecture {name!r}: the lens readout of the last "
+            f"block's residual gives another next-token distribution than the model (row "
+            f"{row}, explained position {col}: a log-probability differs by "
+            f"{float(errors[worst]):.3g} nats, tolerance {float(tol[worst]):.3g}). The "
+            "resolved final norm / unembedding / logit transform do not reproduce this "
+            "model's logits; pass IGLens(model, readout=...) with a callable that maps a "
+            "pre-final-norm residual [..., d] to the model's logits [..., V]."
+        )
