@@ -45,6 +45,8 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.testing._bounds import reduction_length  # noqa: F401  (one copy)
+
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23 ~ 1.19e-7
 
 Number = Union[float, Tensor]
@@ -86,19 +88,6 @@ def completeness_tol(attributions: Tensor, delta_p: Tensor) -> Tensor:
     k = attributions.shape[-1]
     mags = k * attributions.detach().double().abs().sum(-1)
     return u * (mags + delta_p.detach().double().abs())
-
-
-def reduction_length(module: nn.Module) -> int:
-    """The longest dot product of ``module``: the largest input width of its linear maps
-    (``nn.Linear``, transformers' ``Conv1D``, ``nn.Embedding`` rows count 1)."""
-    longest = 1
-    for sub in module.modules():
-        weight = getattr(sub, "weight", None)
-        if not isinstance(weight, Tensor) or weight.dim() != 2 or isinstance(sub, nn.Embedding):
-            continue
-        # nn.Linear stores [out, in]; transformers' Conv1D stores [in, out] and has nf.
-        longest = max(longest, weight.shape[0] if hasattr(sub, "nf") else weight.shape[1])
-    return longest
 
 
 @contextmanager
