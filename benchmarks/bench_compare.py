@@ -42,9 +42,9 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from captum_iglens import IGLens
-    from captum_iglens.compare import input_baseline_ids, target_probability_forward
-    from captum_iglens.models import load_model
-    from captum_iglens.text import build_prompt_ids, generate_answer
+    from captum_iglens.compare.driver import input_baseline_ids, target_probability_forward
+    from captum_iglens.models.loading import load_model
+    from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

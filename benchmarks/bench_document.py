@@ -44,8 +44,8 @@ def document_text(tokenizer, n_tokens: int) -> str:
 def child(n_tokens: int, chunk: int, one_pass: bool) -> None:
     """One document run; prints one JSON line."""
     from captum_iglens import IGLens
-    from captum_iglens.document import explain_document
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
+    from captum_iglens.text.document import explain_document
 
     model, tokenizer = load_model()
     text = document_text(tokenizer, n_tokens)

@@ -29,12 +29,12 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from captum_iglens import IGLens
-from captum_iglens._pipeline import capture_lens_path
-from captum_iglens.estimators import ESTIMATORS, grid_probs, node_probs
-from captum_iglens.models import load_model
-from captum_iglens.readout import check_readout, chunk_rows, readout_probs
-from captum_iglens.residual import capture_residual_stream
-from captum_iglens.text import build_prompt_ids, generate_answer
+from captum_iglens._core.estimators import ESTIMATORS, grid_probs, node_probs
+from captum_iglens._core.pipeline import capture_lens_path
+from captum_iglens.lens.hooks import capture_residual_stream
+from captum_iglens.lens.readout import check_readout, chunk_rows, readout_probs
+from captum_iglens.models.loading import load_model
+from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:

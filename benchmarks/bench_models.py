@@ -50,8 +50,8 @@ def _lens_vs_logit_lens(model, tokenizer, repeats: int) -> dict:
     import torch
 
     from captum_iglens import IGLens
-    from captum_iglens.residual import capture_residual_stream
-    from captum_iglens.text import build_prompt_ids, generate_answer
+    from captum_iglens.lens.hooks import capture_residual_stream
+    from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 
     prompt_ids, _ = build_prompt_ids(tokenizer, PROMPT)
     answer = generate_answer(model, tokenizer, prompt_ids, 16)
@@ -79,9 +79,9 @@ def _lens_vs_logit_lens(model, tokenizer, repeats: int) -> dict:
 
 
 def _run_throughput(model, tokenizer, n_prompts: int, batch: int) -> float:
-    from captum_iglens.records import Record
-    from captum_iglens.run import RunSettings, run_records
-    from captum_iglens.validate import load_prompts
+    from captum_iglens.run.records import Record
+    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.validate.driver import load_prompts
 
     texts = (load_prompts() * 4)[:n_prompts]
     records = [Record(i, i, prompt=t) for i, t in enumerate(texts)]
@@ -92,7 +92,7 @@ def _run_throughput(model, tokenizer, n_prompts: int, batch: int) -> float:
 
 
 def _validate_cost(model, tokenizer) -> dict:
-    from captum_iglens.validate import load_prompts, validate
+    from captum_iglens.validate.driver import load_prompts, validate
 
     start = time.perf_counter()
     result = validate(model, tokenizer, load_prompts()[:4], kinds=("zero",), n_boot=10,
@@ -107,7 +107,7 @@ def child(name: str, repeats: int, n_prompts: int) -> dict:
     warnings.simplefilter("ignore")
     from transformers.utils import logging as hf_logging
 
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -124,7 +124,7 @@ def child(name: str, repeats: int, n_prompts: int) -> dict:
 
 
 def _installed_models() -> list[str]:
-    from captum_iglens.model_registry import NAMED_MODELS, part_files
+    from captum_iglens.models.registry import NAMED_MODELS, part_files
 
     names = ["smollm2-135m-instruct"]
     for name, entry in NAMED_MODELS.items():

@@ -70,11 +70,11 @@ def _quiet() -> None:
 
 def bench_batched(args: argparse.Namespace) -> None:
     from captum_iglens import IGLens, explain
-    from captum_iglens.generation import generate_batch
-    from captum_iglens.models import load_model
-    from captum_iglens.prompts import render_prompt
-    from captum_iglens.records import Record
-    from captum_iglens.run import RunSettings, run_records
+    from captum_iglens.models.loading import load_model
+    from captum_iglens.run.records import Record
+    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.text.generation import generate_batch
+    from captum_iglens.text.prompts import render_prompt
 
     model, tokenizer = load_model()
     texts = prompts(args.prompts)
@@ -131,9 +131,9 @@ def readout_floor(lens, tokenizer, texts: list[str], n_tokens: int) -> tuple[flo
     Real residuals (every hidden state of the prompts run as one text), cycled to
     ``n_tokens * (k + 1)`` rows and read out as IG-Lens does (chunks of ``2**24 // V``).
     """
-    from captum_iglens.architectures import vocab_size
-    from captum_iglens.readout import chunk_rows, readout_probs
-    from captum_iglens.residual import forward_with_capture
+    from captum_iglens.lens.architectures import vocab_size
+    from captum_iglens.lens.hooks import forward_with_capture
+    from captum_iglens.lens.readout import chunk_rows, readout_probs
 
     ids = torch.tensor([tokenizer(" ".join(texts))["input_ids"][:1024]])
     states, _ = forward_with_capture(lens.model, lens.decoder_blocks, ids, {"use_cache": False},
@@ -166,8 +166,8 @@ def peak_mib() -> float:
 def bench_document(n_tokens: int) -> None:
     """Child process: document mode on ``n_tokens`` tokens; prints time and peak memory."""
     from captum_iglens import IGLens
-    from captum_iglens.document import DEFAULT_CHUNK, explain_document
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
+    from captum_iglens.text.document import DEFAULT_CHUNK, explain_document
 
     model, tokenizer = load_model()
     text = " ".join(prompts(100))

@@ -49,9 +49,9 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from captum_iglens import explain
-    from captum_iglens.ablation import KINDS
-    from captum_iglens.models import load_model
-    from captum_iglens.validate import (
+    from captum_iglens.models.loading import load_model
+    from captum_iglens.validate.ablation import KINDS
+    from captum_iglens.validate.driver import (
         DEFAULT_DONORS,
         DEFAULT_MAX_NEW_TOKENS,
         DEFAULT_THRESHOLD,
@@ -90,7 +90,7 @@ def main() -> None:
 def _report(runs: dict, patched, results: list, prompts: list, times: tuple, loads: tuple,
             knobs: tuple) -> None:
     """Print the timings, the ratio before / after and the checks."""
-    from captum_iglens.ablation import KINDS
+    from captum_iglens.validate.ablation import KINDS
 
     (t_load, t_explain, c_explain), (load_before, load_after) = times, loads
     max_new, threshold, donors = knobs

@@ -7,9 +7,9 @@ For each dtype, on the same model (default: the embedded SmolLM2-135M-Instruct):
 1. IG-Lens's default (prediction-aware, all blocks) against a plain logit lens of the same
    layers, over every token of a greedy answer (median of a few runs, each with its forward);
 2. IG-Lens's default against Captum's LayerIntegratedGradients over every block, one block
-   at a time (as :func:`captum_iglens.compare.compare_completeness` runs it), 50 steps, for
+   at a time (as :func:`captum_iglens.compare.driver.compare_completeness` runs it), 50 steps, for
    the same one prediction;
-3. a dataset run (:func:`captum_iglens.run.run_records`: generation recorded, then the
+3. a dataset run (:func:`captum_iglens.run.runner.run_records`: generation recorded, then the
    readouts) against batched greedy generation alone of the same prompts in the same batches;
 4. document mode on an 8,192-token text (every position, one cached pass).
 
@@ -76,7 +76,7 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 1) -> tupl
 def logit_lens(lens: Any, ids: torch.Tensor, positions: list[int],
                target: torch.Tensor) -> torch.Tensor:
     """Plain logit lens: ``softmax(readout(h_L))[target]`` at the chosen layers, ``[T, k]``."""
-    from captum_iglens.residual import capture_residual_stream
+    from captum_iglens.lens.hooks import capture_residual_stream
 
     with torch.no_grad(), capture_residual_stream(lens.decoder_blocks, lens.layer_indices) as h:
         lens.model(ids, use_cache=False, logits_to_keep=1)
@@ -87,7 +87,7 @@ def logit_lens(lens: Any, ids: torch.Tensor, positions: list[int],
 
 
 def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    from captum_iglens.prompts import render_prompt
+    from captum_iglens.text.prompts import render_prompt
 
     return render_prompt(tokenizer, text, chat_template=bool(
         getattr(tokenizer, "chat_template", None))).ids
@@ -95,8 +95,8 @@ def _prompt_ids(tokenizer: Any, text: str) -> list[int]:
 
 def lens_sections(lens: Any, tokenizer: Any, sz: Sizes, device: torch.device) -> dict:
     """Sections 1 and 2: IG-Lens against the logit lens and against 30-layer LIG."""
-    from captum_iglens.compare import compare_completeness
-    from captum_iglens.generation import generate_answer
+    from captum_iglens.compare.driver import compare_completeness
+    from captum_iglens.text.generation import generate_answer
 
     prompt = _prompt_ids(tokenizer, "What is the capital of Vietnam?")
     answer = generate_answer(lens.model, tokenizer, prompt, sz.answer_tokens)
@@ -120,9 +120,9 @@ def lens_sections(lens: Any, tokenizer: Any, sz: Sizes, device: torch.device) ->
 
 def run_section(lens: Any, tokenizer: Any, sz: Sizes, device: torch.device) -> dict:
     """Section 3: a dataset run against batched generation alone, same prompts and batches."""
-    from captum_iglens.generation import generate_batch
-    from captum_iglens.records import Record
-    from captum_iglens.run import RunSettings, run_records
+    from captum_iglens.run.records import Record
+    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.text.generation import generate_batch
 
     texts = prompts(sz.prompts)
     chat = bool(getattr(tokenizer, "chat_template", None))
@@ -155,7 +155,7 @@ def document_section(lens: Any, tokenizer: Any, sz: Sizes, device: torch.device)
     """Section 4: document mode, every position of a ``document_tokens`` text."""
     from bench_document import document_text
 
-    from captum_iglens.document import explain_document
+    from captum_iglens.text.document import explain_document
 
     text = document_text(tokenizer, sz.document_tokens)
     t_doc, result = timed(lambda: explain_document(lens, tokenizer, text), device)
@@ -213,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, dict]:
     args = parser.parse_args(argv)
     _quiet()
     from captum_iglens._progress import progress_bars
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     sz = SMALL if args.cpu_small or device.type != "cuda" else FULL

@@ -9,44 +9,44 @@ from typing import TYPE_CHECKING, Any
 #: Public name -> the module that defines it. Imported on first use (PEP 562), so that
 #: ``iglens --help`` and ``iglens summarize`` start without importing torch or Captum.
 _EXPORTS = {
-    "FAMILIES": "captum_iglens.architectures",
-    "UnknownArchitectureError": "captum_iglens.architectures",
-    "resolve_decoder_blocks": "captum_iglens.architectures",
-    "resolve_layout": "captum_iglens.architectures",
-    "BASELINES": "captum_iglens.baselines",
-    "compare_completeness": "captum_iglens.compare",
-    "ESTIMATORS": "captum_iglens.estimators",
-    "METHODS": "captum_iglens.estimators",
+    "FAMILIES": "captum_iglens.lens.architectures",
+    "UnknownArchitectureError": "captum_iglens.lens.architectures",
+    "resolve_decoder_blocks": "captum_iglens.lens.architectures",
+    "resolve_layout": "captum_iglens.lens.architectures",
+    "BASELINES": "captum_iglens._core.baselines",
+    "compare_completeness": "captum_iglens.compare.driver",
+    "ESTIMATORS": "captum_iglens._core.estimators",
+    "METHODS": "captum_iglens._core.estimators",
     "IGLens": "captum_iglens.ig_lens",
     "LLMIGLensAttribution": "captum_iglens.llm_attr",
-    "onset_layer_indices": "captum_iglens.onset",
-    "LensReadout": "captum_iglens.readout",
-    "ReadoutMismatchError": "captum_iglens.readout",
-    "resolve_readout": "captum_iglens.readout",
+    "onset_layer_indices": "captum_iglens._core.onset",
+    "LensReadout": "captum_iglens.lens.readout",
+    "ReadoutMismatchError": "captum_iglens.lens.readout",
+    "resolve_readout": "captum_iglens.lens.readout",
     "CompletenessBatch": "captum_iglens.results",
     "CompletenessReport": "captum_iglens.results",
     "IGLensLLMAttributionResult": "captum_iglens.results",
     "IGLensOutput": "captum_iglens.results",
     "IGLensResult": "captum_iglens.results",
-    "explain": "captum_iglens.text",
-    "explain_ids": "captum_iglens.text",
-    "target_token_id": "captum_iglens.text",
+    "explain": "captum_iglens.text.explain_prompt",
+    "explain_ids": "captum_iglens.text.explain_prompt",
+    "target_token_id": "captum_iglens.text.explain_prompt",
 }
 
 if TYPE_CHECKING:  # the names as a type checker and an IDE see them
-    from captum_iglens.architectures import (
+    from captum_iglens._core.baselines import BASELINES
+    from captum_iglens._core.estimators import ESTIMATORS, METHODS
+    from captum_iglens._core.onset import onset_layer_indices
+    from captum_iglens.compare.driver import compare_completeness
+    from captum_iglens.ig_lens import IGLens
+    from captum_iglens.lens.architectures import (
         FAMILIES,
         UnknownArchitectureError,
         resolve_decoder_blocks,
         resolve_layout,
     )
-    from captum_iglens.baselines import BASELINES
-    from captum_iglens.compare import compare_completeness
-    from captum_iglens.estimators import ESTIMATORS, METHODS
-    from captum_iglens.ig_lens import IGLens
+    from captum_iglens.lens.readout import LensReadout, ReadoutMismatchError, resolve_readout
     from captum_iglens.llm_attr import LLMIGLensAttribution
-    from captum_iglens.onset import onset_layer_indices
-    from captum_iglens.readout import LensReadout, ReadoutMismatchError, resolve_readout
     from captum_iglens.results import (
         CompletenessBatch,
         CompletenessReport,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
         IGLensOutput,
         IGLensResult,
     )
-    from captum_iglens.text import explain, explain_ids, target_token_id
+    from captum_iglens.text.explain_prompt import explain, explain_ids, target_token_id
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,13 @@ from captum.attr import GradientAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from captum_iglens._inputs import (
+from captum_iglens._core.baselines import BASELINES, BaselineSpec
+from captum_iglens._core.estimators import (
+    METHODS,
+    UNITS,
+    grid_probs,
+)
+from captum_iglens._core.inputs import (
     LayerSpec,
     PositionSpec,
     TargetSpec,
@@ -21,22 +27,16 @@ from captum_iglens._inputs import (
     is_int,
     resolve_layer_indices,
 )
-from captum_iglens._model_changes import ModelStructure, check_unchanged
-from captum_iglens._pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
-from captum_iglens.architectures import (
+from captum_iglens._core.onset import onset_layer_indices
+from captum_iglens._core.pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
+from captum_iglens.lens.architectures import (
     input_embeddings,
     resolve_decoder_blocks,
     strip_parallel,
     vocab_size,
 )
-from captum_iglens.baselines import BASELINES, BaselineSpec
-from captum_iglens.estimators import (
-    METHODS,
-    UNITS,
-    grid_probs,
-)
-from captum_iglens.onset import onset_layer_indices
-from captum_iglens.readout import ReadoutMismatchError, resolve_readout
+from captum_iglens.lens.changes import ModelStructure, check_unchanged
+from captum_iglens.lens.readout import ReadoutMismatchError, resolve_readout
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
@@ -102,9 +102,9 @@ class IGLens(GradientAttribution):
                 ``None`` or ``"all"`` (default) takes all ``n`` blocks.
             readout (callable, optional): Maps a pre-final-norm residual ``[..., d]`` to the
                 model's logits ``[..., V]``. Default: the model's final norm and unembedding
-                (:func:`~captum_iglens.readout.resolve_readout`).
+                (:func:`~captum_iglens.lens.readout.resolve_readout`).
             decoder_blocks (nn.ModuleList, optional): The decoder blocks, for models that
-                :func:`~captum_iglens.architectures.resolve_layout` does not know.
+                :func:`~captum_iglens.lens.architectures.resolve_layout` does not know.
             check_readout (bool, optional): Verify on every call that the readout of the
                 last block's residual is the model's own probability (default True).
             units (str, optional): The readout ``f`` that is decomposed: ``"probability"``

@@ -242,10 +242,10 @@ def _residuals(lens: object, inputs: Tensor, indices: set[int],
 def _nodes(lens: object, inputs: Tensor, positions: list[int],
            baselines: Union[str, Tensor], mask: Optional[Tensor]) -> Tensor:
     """``[b, h_{L_1}, ..., h_{L_k}]`` at ``positions``: ``[B, P, k + 1, d]``, with the
-    baseline built as IG-Lens builds it (captum_iglens.baselines): "zero", "embedding"
+    baseline built as IG-Lens builds it (captum_iglens._core.baselines): "zero", "embedding"
     (``h_0`` there), "mean" (masked mean of ``h_1`` over positions ``<= p``), reference ids
     (their ``h_n`` there) or a residual-space tensor."""
-    from captum_iglens.baselines import MEAN_BASELINE_LAYER
+    from captum_iglens._core.baselines import MEAN_BASELINE_LAYER
 
     indices = list(lens.layer_indices)
     last = len(lens.decoder_blocks)

@@ -48,7 +48,7 @@ def smollm2():
     """The embedded SmolLM2-135M-Instruct (model, tokenizer), loaded offline."""
     from transformers.utils import logging as hf_logging
 
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
 
     hf_logging.disable_progress_bar()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

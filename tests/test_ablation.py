@@ -1,4 +1,4 @@
-"""Position-local block ablation (captum_iglens.ablation) against hand-written hooked forwards.
+"""Position-local block ablation (validate.ablation) against hand-written hooked forwards.
 
 The reference here never uses the KV cache: it runs the whole prefix through the model with
 one forward hook that rewrites one block's output at one position, which is the definition
@@ -14,7 +14,7 @@ from conftest import VOCAB, make_tiny
 from torch import nn
 
 from captum_iglens import IGLens, resolve_decoder_blocks
-from captum_iglens.ablation import (
+from captum_iglens.validate.ablation import (
     KINDS,
     AblationCheckError,
     BlockAblation,

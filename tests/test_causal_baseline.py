@@ -13,7 +13,7 @@ from conftest import make_tiny
 from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLens, explain
-from captum_iglens.baselines import causal_mean, document_starts
+from captum_iglens._core.baselines import causal_mean, document_starts
 
 
 def _loop_mean(first: torch.Tensor, mask: torch.Tensor, starts: list[list[int]]) -> torch.Tensor:
@@ -95,7 +95,7 @@ def test_a_document_packed_into_a_row_is_explained_as_alone() -> None:
 
 
 def _row_mean_h1(lens: IGLens, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    from captum_iglens.residual import capture_residual_stream
+    from captum_iglens.lens.hooks import capture_residual_stream
 
     with capture_residual_stream(lens.decoder_blocks, [1]) as states:
         with torch.no_grad():

@@ -16,11 +16,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import captum_iglens  # noqa: E402
-from captum_iglens import models  # noqa: E402
 from captum_iglens.cli import COMMANDS, UsageError, build_parser, main, parse_args  # noqa: E402
 from captum_iglens.cli._options import resolve_layers  # noqa: E402
 from captum_iglens.cli.compare import DEFAULT_K  # noqa: E402
-from captum_iglens.text import build_prompt_ids, generate_answer  # noqa: E402
+from captum_iglens.models import loading as models  # noqa: E402
+from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer  # noqa: E402
 
 PROMPT = "What is the capital of France?"
 

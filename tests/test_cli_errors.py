@@ -22,15 +22,17 @@ import torch  # noqa: E402
 from conftest import make_tiny  # noqa: E402
 from tiny_tokenizer import word_tokenizer  # noqa: E402
 
-from captum_iglens import models, results_file, text  # noqa: E402
-from captum_iglens import validate as validate_module  # noqa: E402
-from captum_iglens.ablation import ReferenceSetError, ResidualTrace, mean_updates  # noqa: E402
 from captum_iglens.cli import COMMANDS, main, parse_args  # noqa: E402
 from captum_iglens.cli._template_date import warn_unused_template_date  # noqa: E402
 from captum_iglens.cli.validate import EMBEDDED_TEMPLATE_TOKENS  # noqa: E402
-from captum_iglens.prompts import render_prompt  # noqa: E402
-from captum_iglens.results_file import ResultsFile, ResultsWriteError  # noqa: E402
-from captum_iglens.validate import (  # noqa: E402
+from captum_iglens.models import loading as models  # noqa: E402
+from captum_iglens.run import results_file
+from captum_iglens.run.results_file import ResultsFile, ResultsWriteError  # noqa: E402
+from captum_iglens.text import explain_prompt as text
+from captum_iglens.text.prompts import render_prompt  # noqa: E402
+from captum_iglens.validate import driver as validate_module  # noqa: E402
+from captum_iglens.validate.ablation import ReferenceSetError, ResidualTrace, mean_updates  # noqa: E402
+from captum_iglens.validate.driver import (  # noqa: E402
     load_prompts,
     max_reference_positions,
     reference_shortfall,

@@ -26,7 +26,7 @@ from captum.attr import LayerConductance, LayerIntegratedGradients  # noqa: E402
 from conftest import make_tiny  # noqa: E402
 
 from captum_iglens import IGLens  # noqa: E402
-from captum_iglens.compare import (  # noqa: E402
+from captum_iglens.compare.driver import (  # noqa: E402
     CompletenessReport,
     compare_completeness,
     input_baseline_ids,

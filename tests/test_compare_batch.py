@@ -9,7 +9,7 @@ import torch
 from _tolerance import completeness_tol
 from conftest import make_tiny
 
-from captum_iglens.compare import compare_completeness
+from captum_iglens.compare.driver import compare_completeness
 from captum_iglens.results import CompletenessBatch, CompletenessReport
 
 METHODS = ["ig_lens", "layer_integrated_gradients", "logit_lens"]
@@ -120,7 +120,7 @@ def test_forward_arg_tuples_beyond_the_mask(tiny) -> None:
     make -1 the position ids (transformers crashed inside); it is refused, naming the
     parameter. A tensor there is used as Captum would use it."""
     from captum_iglens import IGLens
-    from captum_iglens._inputs import position_ids_from_mask
+    from captum_iglens._core.inputs import position_ids_from_mask
 
     ids, mask = _padded()
     lens = IGLens(tiny)

@@ -31,7 +31,7 @@ from _tolerance import (  # noqa: E402
 from conftest import VOCAB  # noqa: E402
 
 from captum_iglens import IGLens, ReadoutMismatchError  # noqa: E402
-from captum_iglens.plot import plot_result  # noqa: E402
+from captum_iglens.plot.credits import plot_result  # noqa: E402
 from captum_iglens.results import IGLensOutput, IGLensResult  # noqa: E402
 
 POSITIONS = [2, -1]

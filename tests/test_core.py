@@ -19,7 +19,7 @@ from _tolerance import (
 from conftest import make_tiny
 
 from captum_iglens import IGLens, onset_layer_indices
-from captum_iglens.residual import capture_residual_stream
+from captum_iglens.lens.hooks import capture_residual_stream
 
 F32_EPS = torch.finfo(torch.float32).eps
 

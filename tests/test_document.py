@@ -33,11 +33,11 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from captum_iglens import IGLens
-from captum_iglens._document_pass import UNCACHED_DOCUMENTS, cache_refusal
-from captum_iglens.document import explain_document
-from captum_iglens.estimators import PathNodes, read_nodes
-from captum_iglens.prompts import render_prompt
-from captum_iglens.readout import readout_probs
+from captum_iglens._core.estimators import PathNodes, read_nodes
+from captum_iglens.lens.readout import readout_probs
+from captum_iglens.text.document import explain_document
+from captum_iglens.text.document_pass import UNCACHED_DOCUMENTS, cache_refusal
+from captum_iglens.text.prompts import render_prompt
 
 CHUNK = 8
 N_WORDS = 27  # 26 explained positions: passes of 8, 8, 8 and 2 columns

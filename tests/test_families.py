@@ -16,8 +16,8 @@ from tiny_families import FAMILY_NAMES, SPECS, make_family
 from torch import nn
 
 from captum_iglens import FAMILIES, IGLens, UnknownArchitectureError, resolve_readout
-from captum_iglens.architectures import resolve_layout
-from captum_iglens.residual import capture_residual_stream
+from captum_iglens.lens.architectures import resolve_layout
+from captum_iglens.lens.hooks import capture_residual_stream
 
 POSITIONS = [0, 3, 5, -1]
 
@@ -168,11 +168,11 @@ def test_generated_answer_is_recorded(family: str) -> None:
     from _tolerance import completeness_tol
     from tiny_tokenizer import word_tokenizer
 
-    from captum_iglens._families import UNRECORDED_GENERATION
-    from captum_iglens.batched import AnswerJob, explain_recorded
-    from captum_iglens.generation import generate_batch
-    from captum_iglens.prompts import render_prompt
-    from captum_iglens.recorded import generate_recording
+    from captum_iglens.lens.families import UNRECORDED_GENERATION
+    from captum_iglens.text.batched import AnswerJob, explain_recorded
+    from captum_iglens.text.generation import generate_batch
+    from captum_iglens.text.prompts import render_prompt
+    from captum_iglens.text.recorded import generate_recording
 
     model, tok = _build(family).eval(), word_tokenizer()
     lens = IGLens(model)
@@ -224,7 +224,7 @@ def test_gemma4_kv_shared_layers_are_teacher_forced() -> None:
     from tiny_tokenizer import word_tokenizer
 
     from captum_iglens import explain
-    from captum_iglens.recorded import can_record
+    from captum_iglens.text.recorded import can_record
 
     config_name, model_name, kwargs = SPECS["gemma4_text"]
     args = {**kwargs(), "num_hidden_layers": 4, "num_kv_shared_layers": 2,

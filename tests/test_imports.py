@@ -127,8 +127,8 @@ def test_settings_agree_with_the_registries() -> None:
     from captum.attr._utils.approximation_methods import SUPPORTED_METHODS
 
     from captum_iglens import settings
-    from captum_iglens.baselines import BASELINES
-    from captum_iglens.estimators import METHODS, UNITS
+    from captum_iglens._core.baselines import BASELINES
+    from captum_iglens._core.estimators import METHODS, UNITS
 
     assert set(settings.CAPTUM_METHODS) == set(SUPPORTED_METHODS)
     assert set(settings.METHODS) == set(METHODS) and settings.UNITS == UNITS

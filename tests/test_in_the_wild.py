@@ -18,10 +18,10 @@ from tiny_families import SPECS, _llama_like, make_family
 from torch import nn
 
 from captum_iglens import FAMILIES, IGLens, ReadoutMismatchError, UnknownArchitectureError
-from captum_iglens.architectures import max_sequence_length, unwrap_model
-from captum_iglens.readout import LensReadout, distribution_tolerance
-from captum_iglens.residual import ResidualShapeError
-from captum_iglens.text import generate_answer
+from captum_iglens.lens.architectures import max_sequence_length, unwrap_model
+from captum_iglens.lens.hooks import ResidualShapeError
+from captum_iglens.lens.readout import LensReadout, distribution_tolerance
+from captum_iglens.text.explain_prompt import generate_answer
 
 EPS = torch.finfo(torch.float32).eps
 ATOL = 2**6 * EPS  # probabilities are <= 1

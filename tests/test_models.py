@@ -16,9 +16,10 @@ import warnings
 import pytest
 import torch
 
-from captum_iglens import _gguf_cache, model_registry
-from captum_iglens.model_registry import NAMED_MODELS, SplitGguf, assembled_gguf, part_files
-from captum_iglens.models import CacheError, default_gguf_path, load_model
+from captum_iglens.models import gguf_cache as _gguf_cache
+from captum_iglens.models import registry as model_registry
+from captum_iglens.models.loading import CacheError, default_gguf_path, load_model
+from captum_iglens.models.registry import NAMED_MODELS, SplitGguf, assembled_gguf, part_files
 
 IDS = torch.tensor([[1, 5, 9, 17, 33, 65]])
 
@@ -315,8 +316,8 @@ def test_setup_extras_pin_the_registered_parts():
 def test_cli_passes_a_model_name_to_load_model(monkeypatch, capsys, name):
     """``--model NAME`` passes the argument checks and reaches load_model unchanged; a
     missing part's message (with the pip command) is the one error line."""
-    from captum_iglens import models
     from captum_iglens.cli import main
+    from captum_iglens.models import loading as models
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""Counterfactual patching (captum_iglens.patching) against hand-written hooked forwards.
+"""Counterfactual patching (captum_iglens.validate.patching) against hand-written hooked forwards.
 
 Tolerances are derived (tests/_tolerance.py): the patched rows run cached single-token
 forwards whose batches differ from the references', so they agree to float32 rounding, which
@@ -24,9 +24,9 @@ from conftest import VOCAB, make_tiny
 from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import resolve_decoder_blocks
-from captum_iglens._ablation_rows import token_probs
-from captum_iglens.ablation import AblationCheckError, BlockAblation
-from captum_iglens.patching import (
+from captum_iglens.validate.ablation import AblationCheckError, BlockAblation
+from captum_iglens.validate.ablation_rows import token_probs
+from captum_iglens.validate.patching import (
     PromptPair,
     _plan,
     load_pairs,

@@ -25,7 +25,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from tiny_families import make_family  # noqa: E402
 
 from captum_iglens import IGLens, LLMIGLensAttribution, explain_ids  # noqa: E402
-from captum_iglens.plot import plot_heatmap, plot_result, plot_top_k  # noqa: E402
+from captum_iglens.plot.credits import plot_heatmap, plot_result, plot_top_k  # noqa: E402
 from captum_iglens.results import IGLensLLMAttributionResult, IGLensResult  # noqa: E402
 from captum_iglens.testing import assert_complete  # noqa: E402
 

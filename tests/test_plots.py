@@ -23,7 +23,7 @@ from tiny_families import make_family  # noqa: E402
 from tiny_tokenizer import word_tokenizer  # noqa: E402
 
 from captum_iglens import explain  # noqa: E402
-from captum_iglens.plot import plot_heatmap, plot_result  # noqa: E402
+from captum_iglens.plot.credits import plot_heatmap, plot_result  # noqa: E402
 from captum_iglens.results import IGLensResult  # noqa: E402
 
 PROMPT = " ".join(f"w{i}" for i in range(60))  # long enough to be cut in the title

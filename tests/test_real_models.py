@@ -19,8 +19,8 @@ from _tolerance import (
 )
 
 from captum_iglens import IGLens, explain
-from captum_iglens.model_registry import NAMED_MODELS, part_files
-from captum_iglens.models import load_model
+from captum_iglens.models.loading import load_model
+from captum_iglens.models.registry import NAMED_MODELS, part_files
 
 PROMPT = "What is the capital of Vietnam?"
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from captum_iglens.records import read_records
-from captum_iglens.run import RunSettings, run_records
+from captum_iglens.run.records import read_records
+from captum_iglens.run.runner import RunSettings, run_records
 
 SETTINGS = RunSettings(batch_size=1, chat_template=False)
 

@@ -34,17 +34,17 @@ from conftest import make_tiny
 from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLens
-from captum_iglens.architectures import max_sequence_length
-from captum_iglens.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.cli import main
-from captum_iglens.document import document_positions, explain_document
-from captum_iglens.generation import generate_batch
-from captum_iglens.prompts import render_prompt
-from captum_iglens.recorded import generate_recording
-from captum_iglens.records import read_records
-from captum_iglens.results_file import read_lines
-from captum_iglens.run import RunSettings, run_records
-from captum_iglens.text import explain_ids, generate_answer
+from captum_iglens.lens.architectures import max_sequence_length
+from captum_iglens.run.records import read_records
+from captum_iglens.run.results_file import read_lines
+from captum_iglens.run.runner import RunSettings, run_records
+from captum_iglens.text.batched import AnswerJob, explain_batch, explain_recorded
+from captum_iglens.text.document import document_positions, explain_document
+from captum_iglens.text.explain_prompt import explain_ids, generate_answer
+from captum_iglens.text.generation import generate_batch
+from captum_iglens.text.prompts import render_prompt
+from captum_iglens.text.recorded import generate_recording
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_NEW = 6
@@ -120,7 +120,7 @@ def gpt2_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def loaded(tiny_folder):
     """The folder's model and tokenizer as `iglens run` loads them (eval mode)."""
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
 
     return load_model(str(tiny_folder))
 
@@ -292,7 +292,7 @@ def test_bad_records_become_error_records(gpt2_folder, tmp_path, capsys):
     """An empty prompt, a prompt beyond the position table, a target outside the vocabulary
     and a line that is not JSON, among good records: one error line each (with its id and
     a message naming the problem), the others complete, exit status 1, errors counted."""
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
 
     model, _ = load_model(str(gpt2_folder))
     limit = max_sequence_length(model)
@@ -337,7 +337,7 @@ def test_bad_records_become_error_records(gpt2_folder, tmp_path, capsys):
 def test_a_failing_generation_fails_its_record_only(loaded, tmp_path, monkeypatch):
     """Generation that fails for one prompt: the batch is retried one prompt at a time and
     only that prompt becomes an error record; the run goes on."""
-    import captum_iglens.run as run_module
+    import captum_iglens.run.runner as run_module
 
     model, tok = loaded
     real = run_module.generate_recording
@@ -581,7 +581,7 @@ def test_text_file_writes_one_document_record(tiny_folder, tmp_path, capsys):
 def test_a_crlf_text_file_is_normalised_and_says_so(tiny_folder, tmp_path, capsys):
     """A Windows-written document gives the same tokens as its LF twin, and the output and
     stderr name the normalisation (it used to happen silently)."""
-    from captum_iglens.records import read_document
+    from captum_iglens.run.records import read_document
 
     body = ["w4 w5 w6", "w7 w8", "w9 w10"]
     crlf, lf = tmp_path / "crlf.txt", tmp_path / "lf.txt"

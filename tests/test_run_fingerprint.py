@@ -12,9 +12,9 @@ import pytest
 from conftest import make_tiny
 from tiny_tokenizer import word_tokenizer
 
-from captum_iglens.fingerprint import RunMismatchError, run_fingerprint, run_lock
-from captum_iglens.records import read_records
-from captum_iglens.run import RunSettings, run_records
+from captum_iglens.run.fingerprint import RunMismatchError, run_fingerprint, run_lock
+from captum_iglens.run.records import read_records
+from captum_iglens.run.runner import RunSettings, run_records
 
 SETTINGS = RunSettings(batch_size=2, max_new_tokens=3, chat_template=False)
 
@@ -108,8 +108,8 @@ def test_a_second_process_on_the_same_output_is_locked_out(source, tmp_path) -> 
 
 def test_summarize_refuses_to_pool_two_runs_unless_told(source, tmp_path, capsys) -> None:
     from captum_iglens.cli import main
-    from captum_iglens.results_file import load_results
-    from captum_iglens.summary import summarize
+    from captum_iglens.run.results_file import load_results
+    from captum_iglens.summary.pool import summarize
 
     first, second = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
     _run(make_tiny("llama", seed=0).eval(), source, first)

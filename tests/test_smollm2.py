@@ -16,7 +16,7 @@ from _tolerance import (
 )
 
 from captum_iglens import IGLens, explain
-from captum_iglens.models import _cache_dir_for, default_gguf_path, load_model
+from captum_iglens.models.loading import _cache_dir_for, default_gguf_path, load_model
 
 PROMPT = "What is the capital of Vietnam?"
 

@@ -11,7 +11,7 @@ from tiny_tokenizer import word_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from captum_iglens import IGLens, explain
-from captum_iglens._stateful import dynamic_rope_prefixes
+from captum_iglens.lens.stateful import dynamic_rope_prefixes
 
 
 def _dynamic_llama() -> LlamaForCausalLM:

@@ -14,7 +14,7 @@ from _tolerance import f32_tol
 from tiny_families import SPECS, make_family
 
 from captum_iglens import IGLens
-from captum_iglens._sublayer import (
+from captum_iglens.lens.sublayer import (
     SublayerUnsupportedError,
     capture_half_residuals,
     half_block_site,
@@ -43,7 +43,7 @@ def _hyperclovax(block, h, a):
 
 
 #: family -> (its attention submodule, how its forward adds the attention output), written
-#: from each family's modeling code, independently of captum_iglens._sublayer.
+#: from each family's modeling code, independently of captum_iglens.lens.sublayer.
 ATTENTION_SIDE = {
     **{f: ("self_attn", _plain) for f in (
         "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "olmo", "gemma", "nanochat",
@@ -149,4 +149,4 @@ def test_families_outside_the_table_are_refused_by_name(family: str) -> None:
 
 def test_every_family_is_placed_or_refused() -> None:
     assert set(SPECS) <= set(ATTENTION_SIDE) | set(PARALLEL) | set(REFUSED), (
-        "a new family needs a row in captum_iglens._sublayer and here")
+        "a new family needs a row in captum_iglens.lens.sublayer and here")

@@ -19,9 +19,9 @@ from test_summarize import ERRORS, LAYERS, N_RECORDS, ok_line  # noqa: E402
 
 from captum_iglens import explain_ids  # noqa: E402
 from captum_iglens.results import IGLensResult  # noqa: E402
-from captum_iglens.summary import N_SLOWEST, summarize  # noqa: E402
-from captum_iglens.summary_html import render_html  # noqa: E402
-from captum_iglens.summary_report import column_format  # noqa: E402
+from captum_iglens.summary.html import render_html  # noqa: E402
+from captum_iglens.summary.pool import N_SLOWEST, summarize  # noqa: E402
+from captum_iglens.summary.report import column_format  # noqa: E402
 
 
 @pytest.fixture(scope="module")

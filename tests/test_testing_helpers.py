@@ -18,7 +18,7 @@ from _tolerance import (
 )
 
 from captum_iglens import IGLens, explain_ids
-from captum_iglens.readout import LensReadout, resolve_readout
+from captum_iglens.lens.readout import LensReadout, resolve_readout
 from captum_iglens.testing import (
     FAMILIES,
     assert_complete,

@@ -12,7 +12,7 @@ from tiny_families import make_family
 from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLensResult, explain
-from captum_iglens.prompts import render_prompt, token_labels
+from captum_iglens.text.prompts import render_prompt, token_labels
 
 CLOCK_TEMPLATE = (
     "{% if date_string is not defined %}{% set date_string = strftime_now('%d %b %Y') %}"
@@ -213,7 +213,7 @@ def test_float64_generated_answer_is_teacher_forced() -> None:
 
 def test_explain_refuses_what_iglens_run_refuses_beyond_the_context() -> None:
     """One context rule for every text entry point: explain, explain_ids and iglens run."""
-    from captum_iglens.text import explain_ids
+    from captum_iglens.text.explain_prompt import explain_ids
 
     model = make_family("llama", seed=0, n_blocks=2).eval()
     model.config.max_position_embeddings = 12

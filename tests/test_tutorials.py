@@ -17,7 +17,7 @@ NEEDS_MODEL = {"IG_Lens_on_a_real_model.ipynb": "qwen2.5-coder-1.5b-instruct"}
 
 
 def _skip_unless_installed(name: str) -> None:
-    from captum_iglens.model_registry import NAMED_MODELS, part_files
+    from captum_iglens.models.registry import NAMED_MODELS, part_files
 
     model = NEEDS_MODEL.get(name)
     if model is None:

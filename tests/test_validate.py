@@ -12,12 +12,12 @@ import pytest
 import torch
 from scipy import stats
 
-from captum_iglens import models
 from captum_iglens.cli import main
-from captum_iglens.fingerprint import weights_digest
-from captum_iglens.patching import load_pairs
-from captum_iglens.validate import donor_sets, load_prompts, validate
-from captum_iglens.validate_stats import (
+from captum_iglens.models import loading as models
+from captum_iglens.run.fingerprint import weights_digest
+from captum_iglens.validate.driver import donor_sets, load_prompts, validate
+from captum_iglens.validate.patching import load_pairs
+from captum_iglens.validate.stats import (
     METRICS,
     PREDICTORS,
     analyse,
@@ -28,7 +28,7 @@ from captum_iglens.validate_stats import (
     profile_free_spearman,
     token_metrics,
 )
-from captum_iglens.validate_verdict import PRE_STATED, decision_views, verdict
+from captum_iglens.validate.verdict import PRE_STATED, decision_views, verdict
 
 
 def test_a_predictor_equal_to_the_drop_is_perfect() -> None:
@@ -280,7 +280,7 @@ def test_cli_argument_errors_come_before_loading(no_load, argv, capsys) -> None:
 
 def test_cli_donors_default_is_the_library_default() -> None:
     from captum_iglens.cli import validate as cli_validate
-    from captum_iglens.validate import DEFAULT_DONORS
+    from captum_iglens.validate.driver import DEFAULT_DONORS
 
     assert cli_validate.DEFAULT_DONORS == DEFAULT_DONORS
 

@@ -13,7 +13,7 @@ from conftest import make_tiny
 from torch import nn
 
 from captum_iglens import IGLens, compare_completeness
-from captum_iglens.architectures import strip_parallel, unwrap_model
+from captum_iglens.lens.architectures import strip_parallel, unwrap_model
 
 
 def _padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +88,7 @@ def test_captum_text_input_with_an_appended_end_token_explains_the_prompt() -> N
 def test_a_model_edited_after_the_lens_was_built_says_build_a_new_lens() -> None:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from captum_iglens._model_changes import ModelChangedError
+    from captum_iglens.lens.changes import ModelChangedError
 
     ids = torch.tensor([[5, 6, 7, 8]])
     model = make_tiny("llama").eval()

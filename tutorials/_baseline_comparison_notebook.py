@@ -115,7 +115,7 @@ def baseline_comparison() -> nbformat.NotebookNode:
         ),
         new_code_cell(
             "from captum_iglens import IGLens\n"
-            "from captum_iglens.readout import LensReadout, resolve_readout\n"
+            "from captum_iglens.lens.readout import LensReadout, resolve_readout\n"
             "from captum_iglens.testing import assert_readout_exact\n\n"
             "gemma, tok = tiny_causal_lm(\"gemma2\")\n"
             "ids = tok(\"w1 w2 w3 w4\", return_tensors=\"pt\").input_ids\n"

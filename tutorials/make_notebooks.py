@@ -265,7 +265,7 @@ def causal_validation() -> nbformat.NotebookNode:
         new_code_cell(
             "import torch\n\n"
             "from captum_iglens import explain\n"
-            "from captum_iglens.ablation import BlockAblation\n\n"
+            "from captum_iglens.validate.ablation import BlockAblation\n\n"
             "res = explain(model, tokenizer, \"What is the capital of France? Answer in one "
             "word.\",\n"
             "              max_new_tokens=8)\n"
@@ -301,11 +301,11 @@ def causal_validation() -> nbformat.NotebookNode:
         new_markdown_cell(
             "## The pre-stated test\n\n"
             "Three hypotheses, one statistic each (two for H1), and one decision rule, written "
-            "into the package (`captum_iglens.validate_verdict.PRE_STATED`) before any of its "
+            "into the package (`captum_iglens.validate.verdict.PRE_STATED`) before any of its "
             "numbers were computed; `iglens validate` prints it with its verdict."
         ),
         new_code_cell(
-            "from captum_iglens.validate_verdict import PRE_STATED\n\n"
+            "from captum_iglens.validate.verdict import PRE_STATED\n\n"
             "print(PRE_STATED)"
         ),
         new_markdown_cell(
@@ -328,7 +328,7 @@ def causal_validation() -> nbformat.NotebookNode:
             "result = validate(model, tokenizer, few, kinds=(\"zero\", \"mean\", \"resample\"),\n"
             "                  max_new_tokens=4, n_boot=200, donors=3, progress=False)\n"
             "print(result.format_verdict().split(\"\\n\\n\")[-1])  # the verdict\n"
-            "from captum_iglens.validate_tables import summary_block\n\n"
+            "from captum_iglens.validate.tables import summary_block\n\n"
             "print()\n"
             "print(\"\\n\".join(summary_block(result.summary, \"mean\", \"mean ablation, all "
             "blocks\")))"
@@ -346,7 +346,7 @@ def causal_validation() -> nbformat.NotebookNode:
             "corrupted run's last residual to the clean `h_1`, so the test leaves block 1 out."
         ),
         new_code_cell(
-            "from captum_iglens.patching import load_pairs, patch_pair\n\n"
+            "from captum_iglens.validate.patching import load_pairs, patch_pair\n\n"
             "pair = load_pairs()[0]\n"
             "print(pair.clean, \"->\", repr(pair.answer), \"|\", pair.corrupted, \"->\",\n"
             "      repr(pair.foil))\n"

@@ -93,12 +93,12 @@ def load(model: str | None, device_map: str | None = None) -> tuple[Any, Any]:
         (model, tokenizer)
 
     Raises:
-        Exception: whatever :func:`captum_iglens.models.load_model` raises (a runtime error,
+        Exception: whatever :func:`captum_iglens.models.loading.load_model` raises (a runtime error,
             exit status 1).
     """
     from transformers.utils import logging as hf_logging
 
-    from captum_iglens import models
+    from captum_iglens.models import loading as models
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

@@ -78,7 +78,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_model(args: argparse.Namespace) -> None:
-    from captum_iglens.model_registry import is_model_name, model_names
+    from captum_iglens.models.registry import is_model_name, model_names
 
     spec = args.model
     if is_model_name(spec):

@@ -70,14 +70,14 @@ def warn_unused_template_date(args: argparse.Namespace, tokenizer: Any) -> None:
     """Warn on stderr when ``--template-date`` cannot change the prompt of this model.
 
     The pin reaches a template through its ``date_string`` variable or its ``strftime_now``
-    clock (:func:`~captum_iglens.prompts.pinned_clock`); a template with neither writes no
+    clock (:func:`~captum_iglens.text.prompts.pinned_clock`); a template with neither writes no
     date.
 
     Args:
         args (Namespace): The checked arguments (``template_date`` may be absent).
         tokenizer: The loaded model's tokenizer.
     """
-    from captum_iglens.prompts import template_uses_clock
+    from captum_iglens.text.prompts import template_uses_clock
 
     if not getattr(args, "template_date", None):
         return

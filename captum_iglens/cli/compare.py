@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from captum_iglens import resolve_decoder_blocks
-    from captum_iglens.compare import compare_completeness
+    from captum_iglens.compare.driver import compare_completeness
 
     prompt = args.prompts[0]
     model, tokenizer = load(args.model)
@@ -135,8 +135,8 @@ def _explained_token(
     Raises:
         UsageError: ``--token-index`` past the generated answer.
     """
-    from captum_iglens.prompts import render_prompt
-    from captum_iglens.text import generate_answer
+    from captum_iglens.text.explain_prompt import generate_answer
+    from captum_iglens.text.prompts import render_prompt
 
     rendered = render_prompt(tokenizer, prompt, not args.no_chat_template,
                              opts.template_kwargs(args))

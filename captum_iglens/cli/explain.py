@@ -136,7 +136,7 @@ def _explainer(
     args: argparse.Namespace, model: Any, tokenizer: Any, layers: Any, foils: list[int]
 ) -> Callable[[str], Any]:
     """A function that explains one prompt with the options of ``args`` and prints it."""
-    from captum_iglens.text import explain
+    from captum_iglens.text.explain_prompt import explain
 
     def explain_one(prompt: str) -> Any:
         try:

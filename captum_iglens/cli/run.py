@@ -19,7 +19,7 @@ from typing import Any
 
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
-from captum_iglens.results_file import ResultsWriteError, check_results_file
+from captum_iglens.run.results_file import ResultsWriteError, check_results_file
 
 __all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
@@ -131,7 +131,7 @@ def _cuda() -> bool:
 
 
 def _records(args: argparse.Namespace) -> list[Any]:
-    from captum_iglens.records import Record, read_document, read_records
+    from captum_iglens.run.records import Record, read_document, read_records
 
     if args.text_file:
         try:
@@ -182,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
         Exception: loading errors (exit status 1).
     """
     from captum_iglens import IGLens, resolve_decoder_blocks
-    from captum_iglens._distributed import processes
-    from captum_iglens.document import DEFAULT_CHUNK
-    from captum_iglens.run import RunSettings, run_records
+    from captum_iglens.run.distributed import processes
+    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.text.document import DEFAULT_CHUNK
 
     records = _records(args)
     procs = processes()

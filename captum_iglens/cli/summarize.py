@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
             status 1).
         OSError: the file cannot be read or an output cannot be written (exit status 1).
     """
-    from captum_iglens.results_file import NotAResultsFile, load_results
-    from captum_iglens.summary import is_contrastive, summarize
+    from captum_iglens.run.results_file import NotAResultsFile, load_results
+    from captum_iglens.summary.pool import is_contrastive, summarize
 
     try:
         records, errors, torn = load_results(args.results)
@@ -133,12 +133,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"iglens: warning: no record was explained: {args.plot_path} not written",
               file=sys.stderr)
     elif args.plot_path:
-        from captum_iglens.summary_plot import plot_summary
+        from captum_iglens.summary.plot import plot_summary
 
         plot_summary(summary, args.plot_path)
         print(f"wrote {args.plot_path}", file=sys.stderr)
     if args.html_path:
-        from captum_iglens.summary_html import write_html
+        from captum_iglens.summary.html import write_html
 
         write_html(args.html_path, summary, records, args.html_max_records,
                    source=str(args.results))

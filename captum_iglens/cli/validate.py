@@ -42,7 +42,7 @@ EXIT_STATUS = exit_status_help(
     "fewer than 2 patching pairs whose prompts have as many tokens (before any run)",
 )
 ABLATIONS = ("zero", "mean", "resample", "patch", "all")
-#: Resample donors per prompt; equal to captum_iglens.validate.DEFAULT_DONORS (a test checks),
+#: Resample donors per prompt; equal to validate.driver.DEFAULT_DONORS (a test checks),
 #: written here so that ``iglens validate --help`` imports no torch.
 DEFAULT_DONORS = 4
 _REMEDY = ("use --ablation zero or --ablation resample (they need no reference set), or give "
@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_prompts_file(args: argparse.Namespace) -> None:
-    from captum_iglens.validate import load_prompts
+    from captum_iglens.validate.driver import load_prompts
 
     try:
         args.prompts = load_prompts(args.prompts_file)
@@ -115,7 +115,7 @@ def _check_prompts_file(args: argparse.Namespace) -> None:
 
 def _check_pairs_file(args: argparse.Namespace) -> None:
     """Read the patching pairs (when patching runs), before loading."""
-    from captum_iglens.patching import load_pairs
+    from captum_iglens.validate.patching import load_pairs
 
     args.pairs = None
     if args.ablation not in ("patch", "all"):
@@ -131,12 +131,12 @@ def _check_mean_reference(args: argparse.Namespace) -> None:
 
     For the embedded model the prompts' token counts are bounded without its tokenizer
     (:data:`EMBEDDED_TEMPLATE_TOKENS` plus the UTF-8 bytes); another model's template is
-    unknown until it is loaded (then :func:`captum_iglens.validate.validate` checks).
+    unknown until it is loaded (then :func:`captum_iglens.validate.driver.validate` checks).
 
     Raises:
         UsageError: even the bounded counts leave every prompt's reference set short.
     """
-    from captum_iglens.validate import reference_shortfall
+    from captum_iglens.validate.driver import reference_shortfall
 
     if args.ablation not in ("mean", "all") or args.model not in (None, opts.DEFAULT_MODEL):
         return
@@ -159,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
         UsageError: prompts too few or short for mean ablation's reference set.
         Exception: loading or computation errors, a failed ablation check (exit status 1).
     """
-    from captum_iglens.ablation import ReferenceSetError
-    from captum_iglens.patching import PairAlignmentError
-    from captum_iglens.validate import INTERVENTIONS, validate
+    from captum_iglens.validate.ablation import ReferenceSetError
+    from captum_iglens.validate.driver import INTERVENTIONS, validate
+    from captum_iglens.validate.patching import PairAlignmentError
 
     model, tokenizer = load(args.model)
     kinds = INTERVENTIONS if args.ablation == "all" else (args.ablation,)

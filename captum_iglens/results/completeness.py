@@ -341,9 +341,9 @@ class CompletenessReport:
 
         The shared total ``F(x) - F(x')`` is drawn once (each method's own total when
         IG-Lens has a baseline of its own); the logit-lens levels get a panel of their own.
-        Delegates to :func:`captum_iglens.plot.plot_completeness`. Returns the matplotlib
+        Delegates to :func:`captum_iglens.plot.credits.plot_completeness`. Returns the matplotlib
         ``Figure`` (created without pyplot's global state unless ``ax`` is given).
         """
-        from captum_iglens.plot_completeness import plot_completeness
+        from captum_iglens.plot.completeness import plot_completeness
 
         return plot_completeness(self, ax=ax, title=title)

@@ -258,7 +258,7 @@ class IGLensResult:
         ``[T, k]`` credits with the baseline's readout ``-f(b)`` set apart in
         ``baseline_attr``, ``seq_attr`` their ``[k]`` sum over tokens; ``plot_token_attr()``
         draws the labelled token x layer heatmap. See
-        :func:`captum_iglens.plot.result_to_captum`.
+        :func:`captum_iglens.plot.credits.result_to_captum`.
         """
         from captum_iglens.results.captum_view import IGLensLLMAttributionResult
 
@@ -288,9 +288,9 @@ class IGLensResult:
         """The logit lens's top-K tokens at every layer (needs ``explain(..., top_k=K)``).
 
         Returns the matplotlib ``Figure`` and saves it to ``path`` if given. See
-        :func:`captum_iglens.plot_top_k.plot_top_k` for the keyword arguments.
+        :func:`captum_iglens.plot.top_k.plot_top_k` for the keyword arguments.
         """
-        from captum_iglens.plot_top_k import plot_top_k
+        from captum_iglens.plot.top_k import plot_top_k
 
         fig = plot_top_k(self, **kwargs)
         if path is not None:
@@ -303,9 +303,9 @@ class IGLensResult:
         The heatmap is diverging, centred at 0, with the onset marked; ``display="row"`` or
         ``"log-probability"`` keeps unlikely tokens visible. Returns the matplotlib
         ``Figure`` and saves it to ``path`` if given. See
-        :func:`captum_iglens.plot.plot_result`.
+        :func:`captum_iglens.plot.credits.plot_result`.
         """
-        from captum_iglens.plot import plot_result
+        from captum_iglens.plot.credits import plot_result
 
         fig = plot_result(self, **kwargs)
         if path is not None:

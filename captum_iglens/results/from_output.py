@@ -11,12 +11,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from captum_iglens._core.baselines import BASELINE_DESCRIPTIONS
+from captum_iglens._core.onset import onset_layer_indices
 from captum_iglens._format import as_cpu
-from captum_iglens.baselines import BASELINE_DESCRIPTIONS
-from captum_iglens.onset import onset_layer_indices
-from captum_iglens.prompts import token_labels
 from captum_iglens.results.explanation import IGLensResult
 from captum_iglens.results.output import IGLensOutput
+from captum_iglens.text.prompts import token_labels
 
 __all__ = ["AnswerSpec", "result_from_output"]
 

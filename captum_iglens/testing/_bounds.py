@@ -83,7 +83,7 @@ def readout_prob_magnitude(readout: nn.Module, hidden: Tensor) -> Tensor:
 
     An error ``dz`` of the logits moves ``p_v`` by ``p_v (dz_v - sum_u p_u dz_u)``: the
     magnitude is ``p_v (Z_v + sum_u p_u Z_u)``, plus ``p_v`` for the softmax's own rounding.
-    ``readout`` is a :class:`~captum_iglens.readout.LensReadout` (final norm, optional
+    ``readout`` is a :class:`~captum_iglens.lens.readout.LensReadout` (final norm, optional
     projections, unembedding, optional logit transform).
     """
     z, z_abs = _logit_magnitude(readout, hidden.detach())

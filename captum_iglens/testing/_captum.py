@@ -8,8 +8,8 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._inputs import LayerSpec, PositionSpec, TargetSpec, is_int
-from captum_iglens.readout import resolve_readout
+from captum_iglens._core.inputs import LayerSpec, PositionSpec, TargetSpec, is_int
+from captum_iglens.lens.readout import resolve_readout
 from captum_iglens.results import CAPTUM_LAYER_METHODS, CompletenessBatch, CompletenessReport
 from captum_iglens.testing._bounds import readout_tolerance
 from captum_iglens.testing._readout import last_residuals
@@ -140,7 +140,7 @@ def assert_telescopes_like_captum(
         ...                                       reference_ids=ref, n_steps=16)
         >>> assert (check["layer_integrated_gradients"] > 0.5 * check.total.abs()).all()
     """
-    from captum_iglens.compare import compare_completeness
+    from captum_iglens.compare.driver import compare_completeness
 
     result = compare_completeness(model, input_ids, target, position, layers, reference_ids,
                                   n_steps, attention_mask, methods=["ig_lens", *methods,

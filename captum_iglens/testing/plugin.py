@@ -101,7 +101,7 @@ def iglens_smollm2() -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 
-    from captum_iglens.models import load_model
+    from captum_iglens.models.loading import load_model
 
     hf_logging.disable_progress_bar()
     try:

@@ -1,0 +1,1 @@
+"""The computation: inputs, targets, baselines, capture, estimators, pipeline, onset."""

@@ -1,0 +1,231 @@
+"""From a captured path to an :class:`IGLensOutput`: readout, Invariant R, estimator.
+
+:class:`~captum_iglens.IGLens` is the Captum surface; this is the computation behind it:
+``f`` at every node of the path (arXiv:2606.29693), the readout check against the model's
+own distribution, the chosen estimator's credits, and the convergence delta
+``sum_j IGL_j - (f(h_n) - f(b))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+from captum_iglens._core.baselines import BaselineSpec
+from captum_iglens._core.capture import PathCapture, capture_path
+from captum_iglens._core.estimators import (
+    ESTIMATORS,
+    METHODS,
+    PathNodes,
+    read_nodes,
+    warn_if_not_converged,
+)
+from captum_iglens._core.inputs import PositionSpec, TargetSpec, is_int
+from captum_iglens.lens.architectures import vocab_size
+from captum_iglens.lens.hooks import model_dtype
+from captum_iglens.lens.readout import (
+    check_distribution_errors,
+    check_readout,
+    chunk_rows,
+    readout_top_k,
+)
+from captum_iglens.results import IGLensOutput
+
+__all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
+           "convergence_delta", "delta_of", "output_from_path", "readout_chunk", "run_lens"]
+
+
+def check_estimator(method: str, n_steps: object) -> None:
+    """Refuse an unknown estimator, a bad ``n_steps`` or gradients under inference mode.
+
+    Raises:
+        ValueError: ``method`` not in :data:`~captum_iglens._core.estimators.METHODS`, or
+            ``n_steps`` not a positive int.
+        RuntimeError: a gradient estimator inside ``torch.inference_mode()``.
+    """
+    if method not in ESTIMATORS:
+        raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
+    if not is_int(n_steps) or n_steps < 1:  # type: ignore[operator]
+        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}.")
+    if method != "prediction_aware" and torch.is_inference_mode_enabled():
+        raise RuntimeError(
+            f"method={method!r} integrates gradients, which torch.inference_mode() forbids: "
+            "call attribute outside inference mode (torch.no_grad() is fine), or use the "
+            "default method='prediction_aware', which needs no gradient."
+        )
+
+
+def convergence_delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> Tensor:
+    """``attributions.sum(-1) - (p_final - p_base)``: ``[...]`` in the credits' dtype."""
+    return attributions.sum(-1) - (p_final - p_base).to(attributions.dtype)
+
+
+def _top_k(readout: Callable[[Tensor], Tensor], path: PathNodes, k: int,
+           chunk: int) -> tuple[Tensor, Tensor]:
+    """The logit lens's top ``k`` tokens at every chosen layer: ``[B, P, k_layers, k]``."""
+    layers = path.nodes[:, :, 1:]
+    probs, ids = readout_top_k(readout, layers.reshape(-1, layers.shape[-1]), k, chunk)
+    return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
+
+
+def _spread(flat: Optional[Tensor], explained: Tensor, fill: float) -> Optional[Tensor]:
+    """``flat [1, N, ...]`` back to ``[B, P, ...]``, ``fill`` where ``explained`` is False."""
+    if flat is None:
+        return None
+    out = flat.new_full((*explained.shape, *flat.shape[2:]), fill)
+    out[explained.to(flat.device)] = flat[0]
+    return out
+
+
+def _ragged_output(lens: nn.Module, cap: PathCapture, method: str, n_steps: int, chunk: int,
+                   top_k: int) -> IGLensOutput:
+    """Only ``cap.explained`` pairs read out; the others hold NaN (ids: -1)."""
+    mask = cap.explained
+    assert mask is not None
+    flat = output_from_path(lens, cap.select(mask), method, n_steps, chunk, top_k)
+    nan = float("nan")
+    return replace(
+        flat,
+        attributions=_spread(flat.attributions, mask, nan),
+        convergence_delta=_spread(flat.convergence_delta, mask, nan),
+        lens_probs=_spread(flat.lens_probs, mask, nan),
+        p_final=_spread(flat.p_final, mask, nan),
+        p_baseline=_spread(flat.p_baseline, mask, nan),
+        target=cap.path.target,
+        positions=cap.positions,
+        model_argmax=_spread(flat.model_argmax, mask, -1),
+        top_k_probs=_spread(flat.top_k_probs, mask, nan),
+        top_k_ids=_spread(flat.top_k_ids, mask, -1),
+        contrast=cap.path.contrast,
+    )
+
+
+def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: int,
+                     chunk: int, top_k: int = 0) -> IGLensOutput:
+    """Read out ``cap``'s path, check Invariant R, run the estimator, package the output.
+
+    With ``cap.explained`` (a ragged batch), only those (row, position) pairs are read out
+    and checked; the other entries of the output's ``[B, P, ...]`` tensors are NaN (-1 for
+    token ids; ``target`` and ``contrast`` keep the ids given).
+
+    Args:
+        lens: The :class:`~captum_iglens.IGLens` (its model, readout, layers, units and
+            whether the readout is checked).
+        cap (PathCapture): The captured path (:func:`~captum_iglens._core.capture.capture_path`).
+        method (str): The estimator, checked with :func:`check_estimator`.
+        n_steps (int): Its steps per segment.
+        chunk (int): Readout rows per chunk.
+        top_k (int, optional): Record the logit lens's top ``top_k`` tokens. Default: 0.
+
+    Returns:
+        IGLensOutput: ``[B, P, k]`` credits and the rest, in the lens's units.
+
+    Raises:
+        ReadoutMismatchError: the readout does not reproduce the model (Invariant R).
+    """
+    if cap.explained is not None:
+        return _ragged_output(lens, cap, method, n_steps, chunk, top_k)
+    readout = lens.readout
+    path = replace(cap.path, log=lens.units == "log-probability")
+    checked = lens.check_readout and cap.reference is not None
+    reference = cap.reference.log_probs.reshape(-1, cap.reference.log_probs.shape[-1]) \
+        if checked else None
+    nodes = read_nodes(readout, path, chunk, reference)
+    del reference  # a view of the model's [B, P, V] distribution: freed below
+    probs = nodes.values
+    name = getattr(readout, "name", "") or type(lens.model).__name__
+    check_readout(readout, probs, cap.model_probs, model_dtype(lens.model), name,
+                  verify=lens.check_readout, final=nodes.final)
+    if checked:
+        check_distribution_errors(nodes.errors, cap.reference, model_dtype(lens.model),
+                                  path.nodes.shape[-1], name)
+    cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
+    credits = ESTIMATORS[method](readout, path, probs, method, n_steps, chunk)
+    p_base, p_final = probs[..., 0], probs[..., -1]
+    warn_if_not_converged(credits, p_final - p_base, method, n_steps)
+    out = IGLensOutput(
+        attributions=credits,
+        convergence_delta=convergence_delta(credits, p_final, p_base),
+        lens_probs=probs[..., 1:],
+        p_final=p_final,
+        p_baseline=p_base,
+        target=cap.path.target,
+        positions=cap.positions,
+        layer_indices=lens.layer_indices,
+        baseline=cap.baseline,
+        model_argmax=cap.model_argmax,
+        units=lens.units,
+        contrast=path.contrast,
+    )
+    if top_k:
+        out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
+    return out
+
+
+def readout_chunk(lens: nn.Module, internal_batch_size: Optional[int]) -> int:
+    """Readout rows per chunk for ``lens`` (see :func:`~captum_iglens.lens.readout.chunk_rows`)."""
+    return chunk_rows(internal_batch_size, vocab_size(lens.model) or 1)
+
+
+def capture_lens_path(
+    lens: nn.Module, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
+    baselines: BaselineSpec, additional_forward_args: Any, contrast: TargetSpec = None,
+    explained: Optional[Tensor] = None,
+) -> PathCapture:
+    """The path of ``lens`` (its model, blocks, readout and chosen layers) on ``inputs``.
+
+    See :func:`~captum_iglens._core.capture.capture_path`.
+    """
+    return capture_path(lens.model, lens.decoder_blocks, lens.readout, lens.layer_indices,
+                        inputs, target, positions, baselines, additional_forward_args,
+                        contrast, explained)
+
+
+def run_lens(
+    lens: nn.Module, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
+    additional_forward_args: Any, n_steps: int, method: str,
+    internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
+    contrast: TargetSpec = None, explained: Optional[Tensor] = None,
+) -> tuple[IGLensOutput, bool]:
+    """Capture the path, read it out, check Invariant R, run the estimator.
+
+    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`.
+
+    Returns:
+        (output, single): the :class:`IGLensOutput` and whether one int position was given.
+    """
+    check_estimator(method, n_steps)
+    cap = capture_lens_path(lens, inputs, target, positions, baselines,
+                            additional_forward_args, contrast, explained)
+    out = output_from_path(lens, cap, method, n_steps, readout_chunk(lens, internal_batch_size),
+                           top_k)
+    return out, cap.single
+
+
+def delta_of(attributions: Tensor, out: IGLensOutput, single: bool) -> Tensor:
+    """``attributions.sum(-1) - (f(h_n) - f(b))`` against ``out``'s path ends.
+
+    Args:
+        attributions (Tensor): ``[B, k]`` (``single``) or ``[B, P, k]`` credits.
+        out (IGLensOutput): The lens's output on the same inputs.
+        single (bool): One int position was given.
+
+    Returns:
+        Tensor: ``[B]`` (``single``) or ``[B, P]``.
+
+    Raises:
+        ValueError: ``attributions`` of another shape.
+    """
+    k = len(out.layer_indices)
+    attr = attributions[:, None] if single else attributions
+    if tuple(attr.shape) != (*out.p_final.shape, k):
+        expected = [attr.shape[0]] if single else list(out.p_final.shape)
+        raise ValueError(
+            f"attributions has shape {tuple(attributions.shape)}, expected "
+            f"{[*expected, k]}: one credit per chosen layer ({k}) per explained position."
+        )
+    delta = convergence_delta(attr.to(out.p_final.device), out.p_final, out.p_baseline)
+    return delta[:, 0] if single else delta

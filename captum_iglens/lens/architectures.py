@@ -1,0 +1,357 @@
+"""Where a causal LM keeps its decoder blocks, final norm, unembedding and logit transform.
+
+Every architecture-specific fact of the package is looked up here, from one row per family
+in :data:`FAMILIES` (keyed by ``config.model_type``, in :mod:`captum_iglens.lens.families`). The
+lens readout (:mod:`captum_iglens.lens.readout`), the residual-stream capture
+(:mod:`captum_iglens.lens.hooks`) and the Captum comparison all locate model parts through this
+module. Models wrapped by ``torch.compile`` or an adapter are inspected through
+:func:`unwrap_model`; the longest input a model can position is :func:`max_sequence_length`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+from captum_iglens.lens.families import (
+    FAMILIES,
+    GENERIC_BLOCKS,
+    GENERIC_NORMS,
+    POSITION_TABLES,
+    SOFTCAP_ATTRIBUTES,
+    TRANSFORM_ATTRIBUTES,
+    ArchitectureLayout,
+    HiddenDivisor,
+    LogitTransform,
+)
+
+__all__ = [
+    "FAMILIES",
+    "ArchitectureLayout",
+    "ModelParts",
+    "UnknownArchitectureError",
+    "context_length",
+    "strip_parallel",
+    "check_context",
+    "display_name",
+    "input_embeddings",
+    "locate_parts",
+    "max_sequence_length",
+    "model_type",
+    "resolve_decoder_blocks",
+    "resolve_layout",
+    "unwrap_model",
+    "vocab_size",
+]
+
+class UnknownArchitectureError(ValueError):
+    """Raised when the decoder blocks or the final norm of a model cannot be located."""
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside compile and adapter wrappers (``model`` itself when it wraps none).
+
+    ``torch.compile(model)`` (``_orig_mod``), PEFT adapters (``get_base_model()``) and
+    ``functools``-style wrappers (``__wrapped__``) hide ``forward``'s signature behind
+    ``(*args, **kwargs)`` and the model's parts behind other attribute paths. The package keeps
+    *calling* the wrapper (so compiled code and adapters run) but inspects the inner model.
+    """
+    inner = strip_parallel(model)
+    for _ in range(8):  # wrappers of wrappers; never loops on a self-reference
+        nxt = getattr(inner, "_orig_mod", None)
+        if not isinstance(nxt, nn.Module):
+            get_base = getattr(inner, "get_base_model", None)
+            nxt = get_base() if callable(get_base) else getattr(inner, "__wrapped__", None)
+        if not isinstance(nxt, nn.Module) or nxt is inner:
+            break
+        inner = nxt
+    return inner
+
+
+#: Multi-device wrappers whose ``module`` is the model: IG-Lens runs the inner model itself.
+PARALLEL_WRAPPERS: tuple[type, ...] = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+
+
+def strip_parallel(model: nn.Module) -> nn.Module:
+    """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` (else ``model``).
+
+    These wrappers exist to split a training batch across devices and to synchronise
+    gradients; attribution needs neither, and their ``forward(*inputs, **kwargs)`` hides the
+    model's signature (a left-padded row then lost its ``position_ids``), their replicas do
+    not run the hooks that capture the residual stream, and they have no ``generate``. Every
+    entry point (``IGLens``, ``explain``, ``compare_completeness``, ``run_records``,
+    ``validate``) runs the wrapped model itself, on the device it lives on.
+    """
+    inner = model
+    while isinstance(inner, PARALLEL_WRAPPERS):
+        inner = inner.module
+    return inner
+
+
+_MISSING = object()
+
+
+def _get_path(root: nn.Module, path: str) -> object:
+    obj: object = root
+    for part in path.split("."):
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            return _MISSING
+    return obj
+
+
+def model_type(model: nn.Module) -> str:
+    """``config.model_type`` of a Hugging Face model (wrappers unwrapped), else its class name."""
+    inner = unwrap_model(model)
+    return str(getattr(getattr(inner, "config", None), "model_type", type(inner).__name__))
+
+
+def _fits(model: nn.Module, layout: ArchitectureLayout) -> bool:
+    blocks = _get_path(model, layout.blocks)
+    norm = _get_path(model, layout.final_norm)
+    return isinstance(blocks, nn.ModuleList) and len(blocks) > 0 and (
+        isinstance(norm, nn.Module) or (norm is None and layout.norm_optional))
+
+
+def resolve_layout(model: nn.Module) -> ArchitectureLayout:
+    """Return the :class:`ArchitectureLayout` of ``model`` (wrappers unwrapped).
+
+    Known families (``config.model_type`` in :data:`FAMILIES`) use their row; other models
+    are matched against generic block / final-norm paths (text towers of multimodal models,
+    ``model.language_model``, included).
+
+    Raises:
+        UnknownArchitectureError: if the family is refused (its row says why), or no row fits,
+            naming every path tried and how to pass ``readout=`` and ``decoder_blocks=`` to
+            :class:`~captum_iglens.IGLens` instead.
+    """
+    inner, kind = unwrap_model(model), model_type(model)
+    row = FAMILIES.get(kind)
+    if row is not None and row.refusal:
+        raise UnknownArchitectureError(
+            f"{type(inner).__name__} (model_type={kind!r}) is not supported: {row.refusal}.")
+    candidates = [row] if row is not None else [
+        ArchitectureLayout(b, n) for b in GENERIC_BLOCKS for n in GENERIC_NORMS
+    ]
+    for layout in candidates:
+        if _fits(inner, layout):
+            return layout
+    tried_blocks = [row.blocks] if row is not None else list(GENERIC_BLOCKS)
+    tried_norms = [row.final_norm] if row is not None else list(GENERIC_NORMS)
+    raise UnknownArchitectureError(
+        f"Cannot locate the decoder blocks and final norm of a {type(inner).__name__} "
+        f"(model_type={kind!r}). Tried decoder-block paths {tried_blocks} and final-norm "
+        f"paths {tried_norms}. Pass IGLens(model, readout=..., decoder_blocks=...) with a "
+        "readout that maps a pre-final-norm residual [..., d] to the model's logits [..., V] "
+        "and the nn.ModuleList of decoder blocks."
+    )
+
+
+def resolve_decoder_blocks(model: nn.Module) -> nn.ModuleList:
+    """Return the ``nn.ModuleList`` of decoder blocks of ``model`` (see :func:`resolve_layout`).
+
+    Raises:
+        UnknownArchitectureError: as :func:`resolve_layout`.
+    """
+    blocks = _get_path(unwrap_model(model), resolve_layout(model).blocks)
+    assert isinstance(blocks, nn.ModuleList)
+    return blocks
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """The modules after the last decoder block, located in one model.
+
+    Attributes:
+        final_norm (nn.Module or None): The final norm (``None`` only for OPT-350m-style
+            layouts, which have none).
+        pre_unembed (tuple of nn.Module): Projections (or MiniCPM3's division) before the
+            unembedding.
+        unembed (nn.Module): ``model.get_output_embeddings()``, bias included.
+        logit_transform (callable or None): Soft-capping or scaling applied to the logits.
+        name (str): The architecture name, for error messages.
+    """
+
+    final_norm: Optional[nn.Module]
+    pre_unembed: tuple[nn.Module, ...]
+    unembed: nn.Module
+    logit_transform: Optional[LogitTransform]
+    name: str
+
+
+def _refuse_unknown_transform(model: nn.Module, kind: str) -> None:
+    """Refuse a family outside the table whose config names a logit transform."""
+    config = getattr(model, "config", None)
+    configs = [config]
+    if callable(getattr(config, "get_text_config", None)):
+        configs.append(config.get_text_config())  # type: ignore[union-attr]
+    for cfg in configs:
+        for name in TRANSFORM_ATTRIBUTES:
+            value = getattr(cfg, name, None)
+            if value is None or value is False or value == 0 or (
+                    value == 1 and name not in SOFTCAP_ATTRIBUTES):
+                continue
+            raise UnknownArchitectureError(
+                f"{type(model).__name__} (model_type={kind!r}) is not in the family table and "
+                f"its config sets {name}={value!r}: the model transforms its logits in a way "
+                "only its own forward defines, and a readout without it would be silently "
+                "wrong. Pass IGLens(model, readout=...) with a readout that maps a "
+                "pre-final-norm residual [..., d] to the model's own logits [..., V]."
+            )
+
+
+def locate_parts(model: nn.Module) -> ModelParts:
+    """Locate the final norm, pre-unembedding projections, unembedding and logit transform.
+
+    Raises:
+        UnknownArchitectureError: if the final norm or the unembedding cannot be located, or
+            the family is outside :data:`FAMILIES` and its config names a logit transform.
+    """
+    layout, inner, kind = resolve_layout(model), unwrap_model(model), model_type(model)
+    if kind not in FAMILIES:
+        _refuse_unknown_transform(inner, kind)
+    get_out = getattr(inner, "get_output_embeddings", None)
+    unembed = get_out() if callable(get_out) else None
+    if not isinstance(unembed, nn.Module):
+        raise UnknownArchitectureError(
+            f"{type(inner).__name__}.get_output_embeddings() returned {unembed!r}, not an "
+            "unembedding module. Pass IGLens(model, readout=...) with your own readout."
+        )
+    norm = _get_path(inner, layout.final_norm)
+    pre = tuple(
+        m for m in (_get_path(inner, p) for p in layout.pre_unembed) if isinstance(m, nn.Module)
+    )
+    config = getattr(inner, "config", None)
+    if layout.hidden_divisor is not None:
+        pre += (HiddenDivisor(float(getattr(config, layout.hidden_divisor))),)
+    transform = layout.logit_transform(config) if layout.logit_transform is not None else None
+    return ModelParts(norm if isinstance(norm, nn.Module) else None, pre, unembed, transform, kind)
+
+
+def max_sequence_length(model: nn.Module) -> Optional[int]:
+    """The longest token sequence the model can position, or ``None`` for no fixed limit.
+
+    A learned absolute position table next to the decoder blocks (GPT-2's and GPT-Neo's
+    ``wpe``, OPT's ``embed_positions`` less its offset of 2, GPT-BigCode's ``wpe``) and the
+    fixed-size tables a row names (GPT-J's sinusoids, MPT's ALiBi) set the limit; rotary and
+    on-the-fly ALiBi families have none. Models whose layout is unknown give ``None``.
+    """
+    inner = unwrap_model(model)
+    try:
+        layout = resolve_layout(inner)
+    except UnknownArchitectureError:
+        return None
+    parent_path = layout.blocks.rpartition(".")[0]
+    parent = _get_path(inner, parent_path) if parent_path else inner
+    limits = []
+    for name in POSITION_TABLES:
+        table = _get_path(parent, name) if isinstance(parent, nn.Module) else None
+        if isinstance(table, nn.Embedding):
+            limits.append(table.num_embeddings - int(getattr(table, "offset", 0) or 0))
+    value = _get_path(inner, f"config.{layout.max_length}") if layout.max_length else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        limits.append(value)
+    return min(limits) if limits else None
+
+
+#: Config attributes that name the context length a model was trained for.
+CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+def context_length(model: nn.Module) -> Optional[int]:
+    """The longest sequence the model is meant for, or ``None`` when nothing says.
+
+    Its position table (:func:`max_sequence_length`), else its config's trained context
+    (``max_position_embeddings`` and alike; times ``factor`` for dynamic NTK RoPE, which is
+    configured to rescale up to that length). Rotary models run past their trained context,
+    but their numbers there are extrapolation and their attention memory grows with the
+    square of the length: dataset runs refuse such records instead of spending hours on them.
+    """
+    fixed = max_sequence_length(model)
+    if fixed is not None:
+        return fixed
+    config = getattr(unwrap_model(model), "config", None)
+    config = getattr(config, "text_config", None) or config
+    for name in CONTEXT_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value * _dynamic_rope_factor(config)
+    return None
+
+
+def _dynamic_rope_factor(config: object) -> int:
+    """How far dynamic NTK RoPE is configured to extend the trained context (1: not at all).
+
+    A ``"dynamic"`` rope type rescales its frequencies for sequences up to ``factor`` times
+    ``max_position_embeddings``: the length it is configured for. Other scalings (``llama3``,
+    ``yarn``, ``longrope``) already state their extended length in the config.
+    """
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict) or "dynamic" not in str(params.get("rope_type", "")):
+        return 1
+    factor = params.get("factor", 1)
+    return max(1, int(factor)) if isinstance(factor, (int, float)) else 1
+
+
+
+def check_context(model: nn.Module, n_prompt: int, n_answer: int, *, generated: bool) -> None:
+    """Refuse a prompt and answer that do not fit the model's trained context.
+
+    The one context rule of every text entry point (``explain``, ``explain_ids``,
+    ``iglens run``): the prompt plus the answer (for a generated answer, plus
+    ``max_new_tokens``, the most it can grow to) must fit :func:`context_length`.
+    Beyond it a rotary model still runs, but its numbers are extrapolation.
+
+    Args:
+        model (nn.Module): The causal LM.
+        n_prompt (int): Prompt tokens (chat template included).
+        n_answer (int): Answer tokens, or ``max_new_tokens`` when ``generated``.
+        generated (bool): Whether ``n_answer`` is a generation budget.
+
+    Raises:
+        ValueError: naming both lengths, the context and what to shorten.
+    """
+    limit = context_length(model)
+    needed = n_prompt + n_answer
+    if limit is None or needed <= limit:
+        return
+    what = f"max_new_tokens={n_answer}" if generated else f"the {n_answer}-token answer"
+    shorten = "lower max_new_tokens" if generated else "shorten the answer"
+    raise ValueError(f"The prompt is {n_prompt} tokens; with {what} that is {needed} tokens, "
+                     f"but this model's context is {limit} tokens: shorten the prompt or "
+                     f"{shorten}.")
+
+def display_name(model: nn.Module) -> str:
+    """The model's name for results: the last part of ``config._name_or_path``.
+
+    A local folder's path would reveal the user's directory layout in shared result files,
+    so only its last component is kept; without a name, ``config.model_type``.
+    """
+    config = getattr(unwrap_model(model), "config", None)
+    raw = str(getattr(config, "_name_or_path", "") or "")
+    if not raw:
+        return model_type(model)
+    parts = [p for p in raw.replace("\\", "/").split("/") if p]
+    local = raw.startswith(("/", ".", "~")) or len(parts) > 2
+    return parts[-1] if local and parts else raw
+
+
+def input_embeddings(model: nn.Module) -> Optional[nn.Module]:
+    """``model.get_input_embeddings()`` (wrappers unwrapped), or ``None`` where there is none."""
+    get_in = getattr(unwrap_model(model), "get_input_embeddings", None)
+    emb = get_in() if callable(get_in) else None
+    return emb if isinstance(emb, nn.Module) else None
+
+
+def vocab_size(model: nn.Module) -> Optional[int]:
+    """Size of the input vocabulary, read from shapes (valid on ``meta`` parameters too).
+
+    The embedding's ``num_embeddings`` where there is one, else ``config.vocab_size``;
+    ``None`` when neither is known.
+    """
+    size = getattr(input_embeddings(model), "num_embeddings", None)
+    if size is None:
+        size = getattr(getattr(unwrap_model(model), "config", None), "vocab_size", None)
+    return int(size) if size is not None else None

@@ -1,0 +1,365 @@
+"""The residual stream: capture ``h_0..h_n`` with hooks, tap one for Captum, model state.
+
+``h_0`` is the input of the first decoder block (the embedding output after any
+model-specific scaling or position embedding), ``h_l`` the output of block ``l``;
+``h_n`` is the residual *before* the final norm. ``outputs.hidden_states[-1]`` is not used:
+in transformers 5 it is already normalised for most families, and applying the final norm
+to it again normalises twice.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from captum_iglens.lens.architectures import input_embeddings
+from captum_iglens.lens.stateful import pristine_rope
+
+__all__ = [
+    "ResidualShapeError",
+    "capture_residual_stream",
+    "check_finite_residuals",
+    "execution_device",
+    "forward_with_capture",
+    "input_device",
+    "model_dtype",
+    "model_state_preserved",
+    "record_residual_steps",
+    "residual_tap",
+]
+
+
+def execution_device(module: nn.Module) -> Optional[torch.device]:
+    """The device on which ``module`` computes.
+
+    For a module dispatched with accelerate (``device_map``, ``cpu_offload``,
+    ``disk_offload``) the parameters may live on the ``meta`` device while an
+    ``AlignDevicesHook`` moves them to its ``execution_device`` for each call: that device
+    is returned. Otherwise the device of the first parameter or buffer not on ``meta``;
+    ``None`` when there is none (a module without tensors).
+    """
+    for sub in module.modules():
+        hook = getattr(sub, "_hf_hook", None)
+        hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
+        for one in hooks:
+            dev = getattr(one, "execution_device", None)
+            if dev is not None:
+                return torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.device.type != "meta":
+            return tensor.device
+    return None
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where token ids go: the input embedding's execution device (CPU when unknown)."""
+    emb = input_embeddings(model)
+    dev = execution_device(emb) if emb is not None else None
+    if dev is None:
+        dev = execution_device(model)
+    return dev if dev is not None else torch.device("cpu")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 if none)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
+def _hidden_from_output(output: object) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    hidden = getattr(output, "hidden_states", None)
+    if isinstance(hidden, Tensor):
+        return hidden
+    raise TypeError(f"Cannot read the residual stream from a block output of type {type(output)}")
+
+
+def _block_input(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+class ResidualShapeError(ValueError):
+    """A decoder block's input or output is not a ``[B, S, d]`` residual stream."""
+
+
+def _check_shape(index: int, hidden: Tensor, shape: tuple[int, int], block: nn.Module) -> None:
+    """Raise unless ``hidden`` is ``[B, S, d]`` for the input's ``(B, S)``."""
+    if hidden.dim() == 3 and tuple(hidden.shape[:2]) == shape:
+        return
+    where = ("the input of decoder block 1" if index == 0
+             else f"the output of decoder block {index}")
+    raise ResidualShapeError(
+        f"IG-Lens reads one residual vector per token, but {where} "
+        f"({type(block).__name__}) has shape {list(hidden.shape)}, not a [B, S, d] = "
+        f"[{shape[0]}, {shape[1]}, d] residual stream of the whole input (e.g. a stacked "
+        "[n_copies, B, S, d] residual, or positions dropped inside the model). This model "
+        "is not supported; no lens readout of its blocks exists."
+    )
+
+
+@contextmanager
+def capture_residual_stream(
+    blocks: nn.ModuleList,
+    layer_indices: Iterable[int],
+    device: Optional[torch.device] = None,
+    finite: Optional[dict[int, Tensor]] = None,
+    mask: Optional[Tensor] = None,
+    shape: Optional[tuple[int, int]] = None,
+    positions: Optional[Sequence[int]] = None,
+    whole: Iterable[int] = (),
+) -> Iterator[dict[int, Tensor]]:
+    """Record the residual stream ``h_l`` for the requested hidden-state indices.
+
+    Args:
+        blocks (nn.ModuleList): The ``n`` decoder blocks of the model.
+        layer_indices (iterable of int): Hidden-state indices in ``0..n`` to record
+            (0 = input of the first block, ``l`` = output of block ``l``).
+        device (torch.device, optional): Where to move each captured tensor (the readout's
+            device, for models dispatched over several devices).
+        finite (dict, optional): If given, filled for *every* index ``0..n`` with a 0-dim
+            bool tensor on the block's device: whether ``h_l`` is free of NaN and inf (at the
+            positions where ``mask`` is nonzero). No host synchronisation is forced, so the
+            first non-finite block can be named after the forward pass.
+        mask (Tensor, optional): ``[B, S]`` attention mask for the ``finite`` check.
+        shape (tuple of int, optional): The input's ``(B, S)``: every recorded tensor must be
+            ``[B, S, d]``.
+        positions (sequence of int, optional): Keep only these ``P`` positions (``[B, P, d]``)
+            of every recorded index not in ``whole``, so that memory does not grow with the
+            sequence times the layers. Default: all positions.
+        whole (iterable of int, optional): Indices kept at every position (e.g. the layer
+            a mean baseline averages). Default: none.
+
+    Raises:
+        ResidualShapeError: (during the forward pass, with ``shape``) a block's input or
+            output is not ``[B, S, d]``, naming the block.
+
+    Yields:
+        dict[int, Tensor]: filled during the forward pass with ``h_l`` of shape
+        ``[B, S, d]`` (``[B, P, d]`` with ``positions``; detached, the model's dtype). Hooks
+        are removed on exit, also when an error is raised.
+    """
+    wanted, full = set(layer_indices), set(whole)
+    store: dict[int, Tensor] = {}
+    masks: dict[torch.device, Tensor] = {}
+
+    def keep(index: int, hidden: Tensor) -> None:
+        if shape is not None:
+            _check_shape(index, hidden, shape, blocks[max(index - 1, 0)])
+        hidden = hidden.detach()
+        if finite is not None:
+            valid = hidden
+            if mask is not None and tuple(mask.shape) == tuple(hidden.shape[:2]):
+                if hidden.device not in masks:
+                    masks[hidden.device] = mask.to(hidden.device).bool()
+                valid = hidden[masks[hidden.device]]
+            finite[index] = torch.isfinite(valid).all()
+        if index in wanted:
+            if positions is not None and index not in full:
+                hidden = hidden[:, list(positions)]
+            store[index] = hidden.to(device) if device is not None else hidden
+
+    indices = range(len(blocks) + 1) if finite is not None else sorted(wanted)
+    handles: list = []
+    try:
+        for index in indices:
+            handles.append(_register(blocks, index, keep))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def record_residual_steps(
+    blocks: nn.ModuleList,
+    layer_indices: Iterable[int],
+    device: Optional[torch.device] = None,
+    whole: Iterable[int] = (),
+    finite: Optional[dict[int, list[Tensor]]] = None,
+) -> Iterator[dict[int, list[Tensor]]]:
+    """Record ``h_l`` at every forward pass while open (generation: prompt, then each step).
+
+    Args:
+        blocks (nn.ModuleList): The decoder blocks.
+        layer_indices (iterable of int): Hidden-state indices (0: the first block's input).
+        device (torch.device, optional): Where the recorded residuals are moved.
+        whole (iterable of int): Indices recorded at every position of each pass; the others
+            only at its last position (where the next token is predicted).
+        finite (dict, optional): Filled for *every* index ``0..n`` with one ``[B, s]`` bool
+            per pass: whether each position's residual is finite.
+
+    Yields:
+        dict[int, list[Tensor]]: per index, one tensor per pass: ``[B, s, d]`` (``whole``) or
+        ``[B, 1, d]``; detached, the model's dtype. Hooks are removed on exit.
+
+    Raises:
+        ResidualShapeError: a block's input or output is not ``[B, s, d]`` for the pass's
+            ``(B, s)`` (block named).
+    """
+    wanted, full = set(layer_indices), set(whole)
+    store: dict[int, list[Tensor]] = {index: [] for index in wanted}
+    shape: list[tuple[int, int]] = []
+
+    def keep(index: int, hidden: Tensor) -> None:
+        if index == 0:  # the first block's input opens every pass
+            shape[:] = [tuple(hidden.shape[:2])]
+        _check_shape(index, hidden, shape[0], blocks[max(index - 1, 0)])
+        if finite is not None:
+            finite.setdefault(index, []).append(torch.isfinite(hidden.detach()).all(-1))
+        if index in wanted:
+            hidden = hidden.detach() if index in full else hidden.detach()[:, -1:]
+            store[index].append(hidden.to(device) if device is not None else hidden)
+
+    indices = set(range(len(blocks) + 1)) if finite is not None else wanted | {0}
+    handles: list = []
+    try:
+        for index in sorted(indices):
+            handles.append(_register(blocks, index, keep))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _register(blocks: nn.ModuleList, index: int, keep: Callable[[int, Tensor], None]) -> Any:
+    """Hook hidden-state index ``index``: block 1's input for 0, block ``index``'s output."""
+    if index == 0:
+
+        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            keep(0, _block_input(args, kwargs))
+
+        return blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+    def hook(_m: nn.Module, _a: tuple, output: object) -> None:
+        keep(index, _hidden_from_output(output))
+
+    return blocks[index - 1].register_forward_hook(hook)
+
+
+def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
+    """``"decoder block l (path)"`` for hidden-state index ``l``, path inside the model."""
+    block = blocks[index - 1]
+    path = next((name for name, mod in model.named_modules() if mod is block), "")
+    return f"decoder block {index}" + (f" ({path})" if path else "")
+
+
+def check_finite_residuals(model: nn.Module, blocks: nn.ModuleList,
+                           finite: dict[int, Tensor]) -> None:
+    """Raise naming the first hidden-state index whose residual holds NaN or inf.
+
+    ``finite`` maps hidden-state indices to a bool (or 0-dim bool tensor): all finite.
+
+    Raises:
+        FloatingPointError: naming the index, its block and what to try.
+    """
+    for index in sorted(finite):
+        if bool(finite[index]):
+            continue
+        if index == 0:
+            where = "the embedding output, the input of decoder block 1"
+        else:
+            where = f"the output of {_block_name(model, blocks, index)}"
+        raise FloatingPointError(
+            f"The residual stream at hidden-state index {index} ({where}) contains NaN "
+            "or inf (first such layer); the model overflows on this input (try float32 "
+            "or bfloat16 instead of float16) or that block's weights are corrupt."
+        )
+
+
+def forward_with_capture(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    input_ids: Tensor,
+    forward_kwargs: dict[str, Any],
+    layer_indices: Iterable[int],
+    device: Optional[torch.device],
+    mask: Optional[Tensor],
+    positions: Optional[Sequence[int]] = None,
+    whole: Iterable[int] = (),
+) -> tuple[dict[int, Tensor], Tensor]:
+    """One no-grad, eval-mode forward that records ``h_l`` for ``layer_indices``.
+
+    ``positions`` and ``whole`` are as for :func:`capture_residual_stream`.
+
+    Returns:
+        (states, logits): ``{l: [B, S, d]}`` (``[B, P, d]`` at ``positions`` for indices not
+        in ``whole``) on ``device`` and the model's logits (all positions, or those
+        ``forward_kwargs["logits_to_keep"]`` selects).
+
+    Raises:
+        FloatingPointError: NaN or inf in a residual (the first such index is named).
+        ResidualShapeError: a block's input or output is not ``[B, S, d]`` (block named).
+    """
+    finite: dict[int, Tensor] = {}
+    with model_state_preserved(model), torch.no_grad():
+        with capture_residual_stream(blocks, layer_indices, device, finite=finite, mask=mask,
+                                     shape=tuple(input_ids.shape[:2]), positions=positions,
+                                     whole=whole) as st:
+            output = model(input_ids, **forward_kwargs)
+    check_finite_residuals(model, blocks, finite)
+    logits = output.logits if hasattr(output, "logits") else output[0]
+    return st, logits
+
+
+@contextmanager
+def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
+    """An ``nn.Identity`` through which the residual ``h_index`` flows, for Captum's layer hooks.
+
+    Captum's layer methods hook a module's input or output. Decoder blocks are awkward
+    targets: GPT-2 and Falcon blocks take extra positional arguments that are ``None``
+    (Captum refuses them as layer inputs), and Bloom, MPT and GPT-Neo blocks return tuples
+    whose other members are not in the graph (Captum's gradient fails on them). While the
+    context is open, the residual stream at hidden-state index ``index`` (0: the input of the
+    first block; ``l``: the output of block ``l``) is routed through the yielded identity
+    module, whose input and output are that one ``[B, S, d]`` tensor; hooks are removed on exit.
+    """
+    tap = nn.Identity()
+    if index == 0:
+
+        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if args:
+                return (tap(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": tap(kwargs["hidden_states"])}
+
+        handle = blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    else:
+
+        def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+            if isinstance(out, Tensor):
+                return tap(out)
+            if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+                return (tap(out[0]), *out[1:])
+            raise TypeError(f"Cannot tap a decoder block output of type {type(out)}")
+
+        handle = blocks[index - 1].register_forward_hook(hook)
+    try:
+        yield tap
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` in eval mode, stateful parts pristine, and hand it back as it was.
+
+    Dropout must never change an attribution, nor must an earlier call's state (dynamic
+    RoPE's grown frequencies, see :func:`~captum_iglens.lens.stateful.pristine_rope`). The
+    ``training`` flag of every submodule and those states are restored, so a user's mix of
+    modes survives.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with pristine_rope(model):
+            yield model
+    finally:
+        for module, mode in modes:
+            module.training = mode

@@ -1,0 +1,180 @@
+"""Where a decoder block's half-way residual lives: after attention, before the MLP.
+
+IG-Lens's telescoping holds for any sequence of residual states on the path, so adding the
+residual between a block's attention and its MLP as a path node splits the block's credit
+into an attention credit and an MLP credit that add up to it exactly (Proposition 1 of
+arXiv:2606.29693 applied to a finer path). Where that residual lives differs by family, and
+is read, never guessed, from this table:
+
+* ``"input"`` of a named submodule — sequential blocks, whose MLP branch starts from the
+  half-way residual: the MLP's pre-norm (``post_attention_layernorm`` in Llama, Mistral,
+  Qwen, Phi-3, OLMo, Gemma, Granite; ``ln_2`` in GPT-2; ``norm_2`` in MPT;
+  ``final_layer_norm`` in pre-norm OPT), the pre-feed-forward norm of sandwich-norm blocks
+  (Gemma-2/3/4, VaultGemma: after the post-attention norm), the MLP itself where it has no
+  pre-norm (OLMo-2), and BLOOM, whose attention output already includes the residual (the
+  input of its post-attention norm is that sum). Residual multipliers (Granite) are inside.
+* ``"parallel"`` — blocks whose attention and MLP read the same input (GPT-J, CodeGen,
+  Phi-1/2, Cohere, Falcon with ``parallel_attn`` or its new architecture, GPT-NeoX and
+  StableLM with ``use_parallel_residual``; sequential otherwise): the order
+  is defined as attention first, ``L.attn = h_{L-1} + attn_out``; the MLP credit is then the
+  rest of the block, ``h_L - L.attn`` (its MLP read ``h_{L-1}``, not ``L.attn``).
+
+A family outside the table (post-norm OPT-350m; hybrids such as Falcon-H1, GraniteMoeHybrid
+and RecurrentGemma, whose mixer is not always attention) is refused by name.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from torch import Tensor, nn
+
+from captum_iglens.lens.architectures import model_type, unwrap_model
+
+__all__ = ["HalfBlockSite", "SublayerUnsupportedError", "capture_half_residuals",
+           "half_block_site"]
+
+
+class SublayerUnsupportedError(ValueError):
+    """The family's half-block residual is not known: sub-layer credits are refused."""
+
+
+@dataclass(frozen=True)
+class HalfBlockSite:
+    """How to read ``L.attn`` of one family.
+
+    Attributes:
+        kind (str): ``"input"`` (the input of ``module``) or ``"parallel"`` (the block's
+            input plus the first output of ``module``, its attention).
+        module (str): Attribute name of the submodule in the decoder block.
+    """
+
+    kind: str
+    module: str
+
+
+_SEQUENTIAL = {
+    **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "olmo", "gemma",
+                     "granite", "granitemoe", "granitemoeshared", "granite_swa",
+                     "granitemoe_swa", "nanochat", "hyperclovax", "bloom"),
+                    "post_attention_layernorm"),
+    **dict.fromkeys(("gemma2", "gemma3_text", "gemma3", "gemma4_text", "vaultgemma", "beam"),
+                    "pre_feedforward_layernorm"),
+    **dict.fromkeys(("gpt2", "gpt_bigcode", "gpt_neo"), "ln_2"),
+    "mpt": "norm_2",
+    "olmo2": "mlp",
+}
+_PARALLEL = {
+    **dict.fromkeys(("gptj", "codegen"), "attn"),
+    **dict.fromkeys(("phi", "cohere", "cohere2", "cohere2_moe"), "self_attn"),
+}
+#: Families sequential or parallel by a config flag: (flag, parallel module, sequential norm).
+_SWITCHED = {
+    "gpt_neox": ("use_parallel_residual", "attention", "post_attention_layernorm"),
+    "stablelm": ("use_parallel_residual", "self_attn", "post_attention_layernorm"),
+}
+
+
+def _config(model: nn.Module) -> object:
+    config = getattr(unwrap_model(model), "config", None)
+    return getattr(config, "text_config", None) or config
+
+
+def _site_by_family(kind: str, config: object) -> Optional[HalfBlockSite]:
+    if kind in _SEQUENTIAL:
+        return HalfBlockSite("input", _SEQUENTIAL[kind])
+    if kind in _PARALLEL:
+        return HalfBlockSite("parallel", _PARALLEL[kind])
+    if kind in _SWITCHED:
+        flag, attention, norm = _SWITCHED[kind]
+        if getattr(config, flag, False):
+            return HalfBlockSite("parallel", attention)
+        return HalfBlockSite("input", norm)
+    if kind == "opt" and getattr(config, "do_layer_norm_before", True):
+        return HalfBlockSite("input", "final_layer_norm")
+    if kind == "falcon":
+        parallel = (getattr(config, "new_decoder_architecture", False)
+                    or getattr(config, "parallel_attn", True))
+        return (HalfBlockSite("parallel", "self_attention") if parallel
+                else HalfBlockSite("input", "post_attention_layernorm"))
+    return None
+
+
+def half_block_site(model: nn.Module, blocks: nn.ModuleList) -> HalfBlockSite:
+    """The :class:`HalfBlockSite` of ``model``'s family, checked against its first block.
+
+    Raises:
+        SublayerUnsupportedError: a family outside the table, or a block without the
+            submodule the table names (the message says what to do instead).
+    """
+    kind = model_type(model)
+    site = _site_by_family(kind, _config(model))
+    if site is None:
+        raise SublayerUnsupportedError(
+            f"Sub-layer credits are not defined for {kind!r}: its half-block residual (after "
+            "attention, before the MLP) is not in the table of verified families (post-norm "
+            "and hybrid blocks are refused). Use granularity='block'.")
+    if not all(isinstance(getattr(b, site.module, None), nn.Module) for b in blocks):
+        raise SublayerUnsupportedError(
+            f"The decoder blocks of this {kind!r} model have no '{site.module}' submodule, "
+            "where its half-block residual is read: use granularity='block'.")
+    return site
+
+
+def _first(output: object) -> Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output  # type: ignore[return-value]
+
+
+@contextmanager
+def capture_half_residuals(blocks: nn.ModuleList, indices: list[int], site: HalfBlockSite,
+                           store: dict[int, Tensor]) -> Iterator[dict[int, Tensor]]:
+    """Record ``L.attn`` (``[B, S, d]``) of blocks ``indices`` (1-based) into ``store``.
+
+    Args:
+        blocks (nn.ModuleList): The decoder blocks.
+        indices (list of int): Hidden-state indices ``L >= 1`` whose half residual to keep.
+        site (HalfBlockSite): From :func:`half_block_site`.
+        store (dict): Filled as ``{L: L.attn}`` by the forward pass run inside the block.
+
+    Yields:
+        dict: ``store``. Every hook is removed on exit, also after an error.
+    """
+    handles = []
+    try:
+        for index in indices:
+            block = blocks[index - 1]
+            module = getattr(block, site.module)
+            inputs: dict[int, Tensor] = {}
+            handles.append(block.register_forward_pre_hook(
+                _input_hook(index, inputs), with_kwargs=True))
+            if site.kind == "input":
+                handles.append(module.register_forward_pre_hook(
+                    _reshaped_input_hook(index, inputs, store), with_kwargs=True))
+            else:
+                handles.append(module.register_forward_hook(_sum_hook(index, inputs, store)))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _input_hook(index: int, store: dict[int, Tensor]):
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        store[index] = args[0] if args else kwargs["hidden_states"]
+    return hook
+
+
+def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
+    """The submodule's input, in the block input's ``[B, S, d]`` shape (OPT flattens it)."""
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+        shape = inputs.pop(index).shape
+        store[index] = (args[0] if args else kwargs["hidden_states"]).reshape(shape)
+    return hook
+
+
+def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
+    def hook(_m: nn.Module, _a: tuple, output: object) -> None:
+        store[index] = inputs.pop(index) + _first(output)
+    return hook

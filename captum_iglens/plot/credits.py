@@ -1,0 +1,351 @@
+"""Figures and Captum visualization interop for IG-Lens results.
+
+Everything here builds ``matplotlib.figure.Figure`` objects directly (no pyplot global
+state), so it works under the Agg backend, in notebooks and in scripts alike.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from captum_iglens._format import readout_words, total_symbol
+from captum_iglens.plot.completeness import plot_completeness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+    from captum_iglens.results import IGLensLLMAttributionResult, IGLensResult
+
+__all__ = ["plot_result", "plot_heatmap", "plot_completeness", "plot_top_k", "result_to_captum"]
+
+
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, layout="constrained")
+
+
+def result_to_captum(result: IGLensResult) -> IGLensLLMAttributionResult:
+    """An :class:`~captum_iglens.results.IGLensLLMAttributionResult` view of a result.
+
+    The layer names (``"emb"``, ``"L1"``, ...) stand in the place of Captum's input tokens and
+    the answer tokens are the output tokens: ``token_attr`` is the ``[T, k]`` IG-Lens credit
+    (in the result's units) with the baseline's readout ``-f(b)`` kept out of the first
+    column (``baseline_attr``; ``baseline_attr + token_attr.sum(-1) = delta_p``),
+    ``seq_attr`` the ``[k]`` per-layer credit summed over the answer tokens,
+    ``output_probs`` the model's probability of each answer token (its ``p(y) - p(foil)``
+    for a contrastive result). Captum's ``plot_token_attr()`` then draws the token x layer
+    heatmap, ``plot_seq_attr()`` the per-layer totals, both labelled.
+    """
+    return result.to_captum()
+
+
+_TITLE_PT = 9.0
+_CAPTION_PT = 7.5
+_MAX_FIG = 24.0  # inches, either side
+_GRID_CELL_IN = 0.55  # width of one top-1 column
+
+
+def _plain(text: str) -> str:
+    """``text`` shown literally: newlines as ↵, no mathtext from ``$``."""
+    return text.replace("\r\n", "\n").replace("\n", " ↵ ").replace("\t", " ").replace("$", r"\$")
+
+
+def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[str]:
+    """Wrap ``text`` into at most ``max_lines`` lines no wider than ``width_pt`` points.
+
+    The first try guesses the line length in characters; lines measured wider than
+    ``width_pt`` make the next try shorter. Cut text ends with an ellipsis.
+    """
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    measure, prop = TextToPath(), FontProperties(size=fontsize)
+    chars = max(10, int(width_pt / (0.55 * fontsize)))
+    while True:
+        lines = textwrap.wrap(text, chars, max_lines=max_lines, placeholder=" …") or [""]
+        widest = max(measure.get_text_width_height_descent(s, prop, ismath=False)[0]
+                     for s in lines)
+        if widest <= width_pt or chars <= 10:
+            return lines
+        chars = max(10, int(chars * 0.9 * width_pt / widest))
+
+
+def _label(token: str, limit: int = 14) -> str:
+    """A token as a tick label: ``repr`` cut to ``limit`` characters."""
+    text = repr(token)
+    return _plain(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _units(result: IGLensResult) -> str:
+    return readout_words(result.units, result.contrastive)
+
+
+def _token_label(result: IGLensResult, t: int, ok: bool) -> str:
+    """Heatmap row label: index, token, ``*`` when not the argmax, and the foil if any."""
+    text = f"{t} {_label(result.tokens[t])}{'' if ok else '*'}"
+    if result.contrast_ids is None:
+        return text
+    foil = (result.contrast_tokens[t] if result.contrast_tokens is not None
+            else f"id {result.contrast_ids[t]}")
+    return f"{text} vs {_label(foil)}"
+
+
+def _onset_words(result: IGLensResult) -> str:
+    """The onset rule of ``result`` in words."""
+    frac, total = f"{result.onset_frac:g}", total_symbol(result.units, result.contrastive)
+    if result.onset_rule == "sustained":
+        return f"first layer from which the cumulative credit stays at or beyond {frac}·{total}"
+    if result.onset_rule == "mass":
+        return f"first layer holding {frac} of the cumulative |credit|"
+    return f"onset rule {result.onset_rule!r} at fraction {frac}"
+
+
+def _sizes(
+    result: IGLensResult, figsize: Optional[tuple[float, float]], max_legend: int
+) -> tuple[tuple[float, float], list[float], float]:
+    """Figure size, panel width ratios (the top-1 grid second, if shown) and row height (pt)."""
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    widths = [1.6 + max(1.5, 0.32 * k) + 0.9, 5.0 + (0.9 if n_tok > min(max_legend, 10) else 0.0)]
+    grid = _GRID_CELL_IN * k + 0.4
+    width = min(_MAX_FIG, max(9.0, sum(widths)))
+    height = min(_MAX_FIG, max(4.5, 0.22 * n_tok + 3.4))
+    show_grid = bool(result.top_k_tokens) and n_tok > 0 and width + grid <= _MAX_FIG
+    if figsize is not None:
+        width, height = figsize
+    row_pt = 72.0 * max(height - 3.4, 1.0) / max(n_tok, 1)
+    if show_grid and _token_pt(row_pt) >= 5.0:
+        widths.insert(1, grid)
+        width += grid if figsize is None else 0.0
+    return (width, height), widths, row_pt
+
+
+def _title(fig: Figure, result: IGLensResult) -> None:
+    """Prompt and answer on separate wrapped lines, inside the figure."""
+    width_pt = 72.0 * fig.get_figwidth() * 0.96
+    n_tok = len(result.tokens)
+    head = f"answer ({n_tok} token{'s' if n_tok != 1 else ''})"
+    if result.truncated:
+        head += f" [truncated at {result.max_new_tokens or n_tok} tokens]"
+    lines = _wrap(f"prompt: {_plain(result.prompt)}", width_pt, _TITLE_PT, 2)
+    lines += _wrap(f"{head}: {_plain(result.answer)}", width_pt, _TITLE_PT, 4)
+    fig.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=_TITLE_PT, multialignment="left")
+
+
+def _caption(fig: Figure, result: IGLensResult) -> None:
+    """The onset rule, the markers and the units, in words, at the foot of the figure."""
+    text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
+            f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
+    if result.contrastive:
+        text += (" Contrastive: every value is F = p(y) - p(foil) (log units: the log-ratio), "
+                 "each answer token y against its foil ('vs').")
+    if result.layer_indices and result.layer_indices[0] == 0:
+        text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
+                 " f(h_0) - f(b), which no decoder block made.")
+    if result.baseline_description:
+        text += f" Baseline: {_plain(result.baseline_description)}."
+    lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
+    fig.supxlabel("\n".join(lines), x=0.01, ha="left", fontsize=_CAPTION_PT,
+                  multialignment="left")
+
+
+def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
+             label: str = "") -> None:
+    """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
+
+    With layer 0 first, its column is labelled ``b→emb`` and a line sets it apart: its
+    credit is the move from the baseline to ``h_0``, not a block's.
+    """
+    from matplotlib.colors import Normalize
+
+    from captum_iglens._display import layer_labels
+
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    limit = float(np.abs(attr).max()) if attr.size else 0.0
+    limit = limit if limit > 0 else 1e-12
+    image = ax.imshow(
+        attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
+        norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
+    )
+    fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
+    ax.set_xticks(range(k), labels=layer_labels(result.layer_indices), rotation=90, fontsize=7)
+    emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
+    if emb:
+        ax.axvline(0.5, color="black", linewidth=1.2)
+    flags = list(result.is_argmax) or [True] * n_tok
+    labels = [_token_label(result, t, ok)
+              for t, ok in zip(range(n_tok), flags, strict=True)]
+    ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
+    ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else ""))
+    ax.set_ylabel("answer token")
+    ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
+    _onset_boxes(ax, result, row_pt)
+
+
+def _onset_boxes(ax: Any, result: IGLensResult, row_pt: float) -> None:
+    """A square around each token's onset cell."""
+    k = len(result.layer_indices)
+    cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
+             if o in result.layer_indices]
+    if cells:
+        col_pt = 72.0 * max(1.5, 0.32 * k) / max(k, 1)
+        side = float(np.clip(0.75 * min(row_pt, col_pt), 3.0, 9.0))
+        cols, rows = zip(*cells, strict=True)
+        ax.scatter(cols, rows, marker="s", s=side**2, facecolors="none", edgecolors="black",
+                   linewidths=1.2)
+
+
+def _trajectory(
+    fig: Figure, ax: Any, result: IGLensResult, probs: np.ndarray, max_legend: int
+) -> None:
+    """One logit-lens line per token; a legend for a few tokens, else an index colour bar."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    n_tok = len(result.tokens)
+    few = n_tok <= min(max_legend, 10)
+    if few:
+        colours = colormaps["tab10"](np.arange(n_tok))
+    else:  # sequential by position: one shade per token, read off the colour bar
+        colours = colormaps["viridis"](np.linspace(0.0, 0.92, max(n_tok, 1)))
+    x = np.asarray(result.layer_indices)
+    for t in range(n_tok):
+        ax.plot(x, probs[t], marker=".", linewidth=1.1, color=colours[t],
+                label=f"{t} {_label(result.tokens[t])}")
+    if len(x) <= 16:
+        ax.set_xticks(x, labels=result.layer_names, fontsize=7)
+        ax.set_xlabel("layer")
+    else:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("hidden-state index (layer)")
+    ax.set_title("logit-lens trajectory per token", fontsize=9)
+    _trajectory_axis(ax, result)
+    if not n_tok:
+        return
+    if few:
+        ax.legend(fontsize=7, loc="best", title="answer token", title_fontsize=7)
+        return
+    norm = BoundaryNorm(np.arange(n_tok + 1) - 0.5, n_tok)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=ListedColormap(colours)), ax=ax,
+                       label="answer token index", fraction=0.05, aspect=50)
+    bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))
+    bar.ax.invert_yaxis()  # index 0 on top, as in the heatmap
+
+
+def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
+    """The trajectory's y label (what ``f`` is) and, for probabilities, its range."""
+    if result.units == "probability":
+        contrast = result.contrastive
+        ax.set_ylabel("logit-lens p(y) - p(foil)" if contrast
+                      else "logit-lens probability f(h_L)")
+        ax.set_ylim(-1.02 if contrast else -0.02, 1.02)
+    else:
+        ax.set_ylabel("logit-lens log p(y) - log p(foil) (nats)" if result.contrastive
+                      else "logit-lens log-probability (nats)")
+
+
+def _token_pt(row_pt: float) -> float:
+    """Font size of token labels for rows ``row_pt`` points high."""
+    return float(np.clip(0.72 * row_pt, 3.0, 8.0))
+
+
+def plot_result(
+    result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None,
+    display: str = "credit",
+) -> Figure:
+    """Token x layer heatmap of IG-Lens credit and the logit-lens trajectory per token.
+
+    Title: the prompt (cut with an ellipsis) and the answer, wrapped to the figure width,
+    marked when generation was truncated. Left: the ``[T, k]`` credits with a diverging
+    colour map centred at 0 (symmetric limits), every answer token labelled with its index
+    (``*``: not the argmax of the explained forward), the onset layer of each token boxed.
+    Middle, when ``result.top_k_tokens`` is set and the grid stays readable (up to about
+    16 layers): the logit lens's top-1 token per token and layer. Right: the
+    logit-lens readout of each answer token over the chosen layers, coloured by token
+    index, with a legend for a few tokens or a colour bar. A caption states the onset rule
+    and the units. The figure grows with tokens and layers, up to 24 x 24 inches.
+
+    Args:
+        result (IGLensResult): What :func:`~captum_iglens.explain` returned.
+        max_legend (int, optional): Up to this many tokens (at most 10) the trajectories get
+            a legend; more get a sequential colour map and a colour bar of the token index.
+            Default: 10.
+        figsize (tuple, optional): Figure size in inches. Default: from the number of
+            tokens and layers.
+        display (str, optional): What the heatmap shows: ``"credit"`` (default, one colour
+            scale for all tokens), ``"row"`` (each token's credits over its own largest, so
+            that unlikely tokens keep visible cells) or ``"log-probability"`` (the change
+            of ``log p`` over each segment, nats, from the logit-lens levels).
+
+    Returns:
+        matplotlib.figure.Figure
+
+    Raises:
+        ValueError: an unknown ``display``, or ``"log-probability"`` for a contrastive or
+            log-unit result.
+    """
+    from captum_iglens._display import display_attributions
+
+    values, label = display_attributions(result, display)
+    attr = values.numpy()
+    probs = result.lens_probs.detach().float().cpu().numpy()
+    size, widths, row_pt = _sizes(result, figsize, max_legend)
+    fig = _new_figure(size)
+    fig.get_layout_engine().set(wspace=0.06)  # room between a colour bar and the next panel
+    grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
+    ax_map = fig.add_subplot(grid[0])
+    ax_traj = fig.add_subplot(grid[-1])
+    _heatmap(fig, ax_map, result, attr, row_pt, label)
+    ax_grid = fig.add_subplot(grid[1], sharey=ax_map) if len(widths) == 3 else None
+    _trajectory(fig, ax_traj, result, probs, max_legend)
+    _title(fig, result)
+    _caption(fig, result)
+    if ax_grid is not None:  # last: its labels are fitted to the laid-out cells
+        from captum_iglens.plot.top_k import top1_grid
+
+        top1_grid(fig, ax_grid, result, _token_pt(row_pt), _GRID_CELL_IN)
+    return fig
+
+
+def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = None,
+                 display: str = "credit") -> Figure:
+    """The token x layer heatmap of IG-Lens credit alone, compact.
+
+    The left panel of :func:`plot_result` (diverging colours centred at 0, every answer
+    token labelled with its index, ``*`` where it is not the argmax, the onset layers boxed,
+    a colour bar in the result's units) without the trajectory, the title or the caption:
+    about 0.16 inch per layer and 0.14 inch per token (at most 24 x 24 inches), small enough
+    to embed one per record in a page (``iglens summarize --html``).
+
+    Args:
+        result (IGLensResult): What :func:`~captum_iglens.explain` returned.
+        figsize (tuple, optional): Figure size in inches. Default: from the number of
+            tokens and layers.
+        display (str, optional): ``"credit"``, ``"row"`` or ``"log-probability"``, as for
+            :func:`plot_result`.
+
+    Returns:
+        matplotlib.figure.Figure
+    """
+    from captum_iglens._display import display_attributions
+
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    labels_in = 4.2 if result.contrastive else 3.2  # token labels and colour bar
+    width, height = figsize or (min(_MAX_FIG, labels_in + 0.16 * k),
+                                min(_MAX_FIG, 1.3 + 0.14 * max(n_tok, 1)))
+    fig = _new_figure((width, height))
+    row_pt = 72.0 * max(height - 1.3, 0.14) / max(n_tok, 1)
+    values, label = display_attributions(result, display)
+    _heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label)
+    return fig
+
+
+def plot_top_k(result: IGLensResult, **kwargs: Any) -> Figure:
+    """The logit lens's top-K tokens at every layer: see :mod:`captum_iglens.plot.top_k`."""
+    from captum_iglens.plot.top_k import plot_top_k as draw
+
+    return draw(result, **kwargs)

@@ -1,0 +1,169 @@
+"""The logit lens's top-K tokens at every chosen layer, labels fitted to their cells.
+
+:func:`plot_top_k` draws, for each of a few answer tokens, a layers x ranks grid: the
+``K`` most probable tokens the logit lens reads out of each chosen layer, shaded by their
+probability, the answer token in bold green. It works at any number of layers (one row
+each, the figure grows up to 24 inches and the font shrinks) and any ``K``; every label is
+cut, with an ellipsis, to the width of its own cell rather than at the panel's edge.
+:func:`top1_grid` is the top-1 column panel of :func:`~captum_iglens.plot.credits.plot_result`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+    from captum_iglens.results import IGLensResult
+
+__all__ = ["fit_label", "plot_top_k", "top1_grid"]
+
+_HIT = "#1a7f37"
+_MAX_FIG = 24.0
+_CELL_IN = 0.85  # width of one rank column
+_ROW_IN = 0.2  # height of one layer row
+
+
+def _plain(text: str) -> str:
+    return text.replace("$", r"\$")
+
+
+def fit_label(token: str, width_pt: float, fontsize: float, bold: bool = False) -> str:
+    """``repr(token)`` cut with an ellipsis until it is at most ``width_pt`` points wide."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    measure = TextToPath()
+    prop = FontProperties(size=fontsize, weight="bold" if bold else "normal")
+    text = repr(token)
+    while len(text) > 1:
+        shown = _plain(text)
+        if measure.get_text_width_height_descent(shown, prop, ismath=False)[0] <= width_pt:
+            return shown
+        text = text[:-2] + "…"  # one more character gives way to the ellipsis
+    return _plain(text)
+
+
+def _cell_pt(fig: Any, ax: Any, columns: int, fallback_in: float) -> float:
+    """The width of one column of ``ax`` in points, after the layout has run."""
+    try:
+        fig.get_layout_engine().execute(fig)
+        width_in = ax.get_position().width * fig.get_figwidth()
+    except Exception:  # no layout engine or renderer: the planned width
+        width_in = fallback_in * columns
+    return 72.0 * width_in / max(columns, 1)
+
+
+def _is_answer(result: IGLensResult, t: int, j: int, r: int) -> bool:
+    ids = result.top_k_ids
+    if ids is not None:
+        return int(ids[t, j, r]) == int(result.token_ids[t])
+    return result.top_k_tokens[t][j][r] == result.tokens[t]
+
+
+def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]],
+                ranks: int, cell_pt: float, fontsize: float, column: Any) -> None:
+    """One fitted label per cell; ``column(i, r)`` gives the x of row ``i``'s rank ``r``."""
+    for i, (t, j) in enumerate(t_rows):
+        for r in range(ranks):
+            hit = _is_answer(result, t, j, r)
+            label = fit_label(result.top_k_tokens[t][j][r], cell_pt - 3.0, fontsize, hit)
+            text = ax.text(*column(i, r), label, ha="center", va="center", clip_on=True,
+                           fontsize=fontsize, color=_HIT if hit else "black",
+                           fontweight="bold" if hit else "normal")
+            text.set_in_layout(False)
+
+
+def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in: float) -> None:
+    """The logit lens's top-1 token per answer token (rows) and layer (columns)."""
+    from captum_iglens._display import layer_labels
+
+    n_tok, k = len(result.tokens), len(result.layer_indices)
+    ax.set_xlim(-0.5, k - 0.5)
+    ax.set_xticks(range(k), labels=layer_labels(result.layer_indices), rotation=90, fontsize=7)
+    ax.tick_params(left=False, labelleft=False)
+    ax.set_xlabel("layer")
+    ax.set_title("logit-lens top-1 token\n(bold green = the answer token)", fontsize=9)
+    cells = [(t, j) for t in range(n_tok) for j in range(k)]
+    cell_pt = _cell_pt(fig, ax, k, cell_in)
+    _cell_texts(ax, result, cells, 1, cell_pt, fontsize,
+                lambda i, r: (cells[i][1], cells[i][0]))
+
+
+def _check(result: IGLensResult, top_k: Optional[int]) -> int:
+    if not result.top_k_tokens or not result.tokens:
+        raise ValueError("The result holds no top-k tokens: explain(..., top_k=5) or "
+                         "iglens --top-k 5 records them.")
+    available = len(result.top_k_tokens[0][0])
+    if top_k is None:
+        return available
+    if not 1 <= top_k <= available:
+        raise ValueError(f"top_k must be in 1..{available} (the tokens recorded), got {top_k}")
+    return top_k
+
+
+def plot_top_k(
+    result: IGLensResult,
+    tokens: Optional[Sequence[int]] = None,
+    top_k: Optional[int] = None,
+    max_panels: int = 4,
+    figsize: Optional[tuple[float, float]] = None,
+) -> Figure:
+    """The logit lens's top-``K`` tokens at every chosen layer, one panel per answer token.
+
+    Each panel is a layers x ranks grid (``[k, K]``), shaded by the probability the lens
+    gives each token (0 to 1, one colour bar), its label fitted to the cell (cut with an
+    ellipsis), the answer token in bold green. Layers read top (first chosen) to bottom.
+
+    Args:
+        result (IGLensResult): With ``top_k_tokens`` (``explain(..., top_k=K)``).
+        tokens (sequence of int, optional): Answer-token indices, one panel each. Default:
+            the first ``max_panels``.
+        top_k (int, optional): Ranks shown (``<= K`` recorded). Default: all recorded.
+        max_panels (int, optional): Panels when ``tokens`` is not given. Default: 4.
+        figsize (tuple, optional): Inches. Default: from panels, ranks and layers (<= 24).
+
+    Returns:
+        matplotlib.figure.Figure
+
+    Raises:
+        ValueError: no top-k tokens recorded, ``top_k`` out of range, or a token index
+            outside the answer.
+    """
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
+    from captum_iglens._display import layer_labels
+
+    ranks = _check(result, top_k)
+    chosen = list(range(min(len(result.tokens), max_panels))) if tokens is None else list(tokens)
+    if not chosen or not all(0 <= t < len(result.tokens) for t in chosen):
+        raise ValueError(f"tokens must be indices in 0..{len(result.tokens) - 1}, got {chosen}")
+    k = len(result.layer_indices)
+    width = min(_MAX_FIG, 1.6 + len(chosen) * (_CELL_IN * ranks + 0.3))
+    height = min(_MAX_FIG, 1.8 + _ROW_IN * k)
+    fig = Figure(figsize=figsize or (width, height), layout="constrained")
+    axes = fig.subplots(1, len(chosen), sharey=True, squeeze=False)[0]
+    fontsize = float(np.clip(0.62 * 72.0 * (fig.get_figheight() - 1.8) / max(k, 1), 3.0, 8.0))
+    probs = (result.top_k_probs.detach().float().cpu().numpy() if result.top_k_probs is not None
+             else np.zeros((len(result.tokens), k, ranks)))
+    image = None
+    for ax, t in zip(axes, chosen, strict=True):
+        image = ax.imshow(probs[t, :, :ranks], cmap="Blues", norm=Normalize(0.0, 1.0),
+                          aspect="auto", interpolation="nearest", alpha=0.6)
+        ax.set_xticks(range(ranks), labels=[f"#{r + 1}" for r in range(ranks)], fontsize=7)
+        ax.set_title(f"answer token {t}: {fit_label(result.tokens[t], 72 * _CELL_IN * ranks, 8)}",
+                     fontsize=8)
+    axes[0].set_yticks(range(k), labels=layer_labels(result.layer_indices), fontsize=fontsize)
+    axes[0].set_ylabel("layer")
+    fig.colorbar(image, ax=list(axes), label="logit-lens probability")
+    fig.suptitle(f"logit-lens top-{ranks} tokens at each layer (bold green = the answer "
+                 f"token); {len(chosen)} of {len(result.tokens)} answer tokens", fontsize=9)
+    for ax, t in zip(axes, chosen, strict=True):
+        cell_pt = _cell_pt(fig, ax, ranks, _CELL_IN)
+        rows = [(t, j) for j in range(k)]
+        _cell_texts(ax, result, rows, ranks, cell_pt, fontsize, lambda i, r: (r, i))
+    return fig

@@ -1,0 +1,184 @@
+"""What produced a results file: a run fingerprint, record input hashes, and a run lock.
+
+A results file of ``iglens run`` is resumed by skipping the ids already in it. That is only
+sound when the lines already written were produced by the same model and settings, and from
+the same inputs. Every line therefore carries the run's fingerprint (model name, a content
+hash of its weights, the package version, every setting that changes numbers) and a hash of
+its record's input; :func:`check_resume` refuses a resume whose fingerprint differs, saying
+what differs, and an id whose input changed is run again. :func:`run_lock` keeps a second
+process from writing the same output at the same time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from captum_iglens.lens.architectures import display_name, unwrap_model
+from captum_iglens.run.results_file import RunMismatchError
+
+__all__ = [
+    "FINGERPRINT_KEYS",
+    "RunMismatchError",
+    "check_resume",
+    "input_hash",
+    "run_fingerprint",
+    "run_lock",
+    "weights_digest",
+]
+
+#: The fingerprint entries that must agree for a resume (versions of torch and transformers
+#: are recorded but not compared: an upgrade between two sittings of one run is allowed).
+FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "method",
+                    "n_steps", "baselines", "max_new_tokens", "chat_template", "template_kwargs",
+                    "onset_frac", "onset_rule", "top_k", "stride")
+
+
+def weights_digest(model: nn.Module) -> str:
+    """A content hash of the model's parameters and persistent buffers (BLAKE2b, 16 hex).
+
+    Names, dtypes, shapes and bytes of every tensor, in the model's own order: another
+    checkpoint, a fine-tune or another dtype gives another digest. Tensors on the ``meta``
+    device (offloaded) contribute their name, dtype and shape only. Costs one read of the
+    weights (about 0.5 s per GB here).
+    """
+    inner = unwrap_model(model)
+    digest = hashlib.blake2b(digest_size=8)
+    tensors = list(inner.state_dict(keep_vars=True).items())
+    for name, tensor in tensors:
+        tensor = tensor.detach()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        if tensor.device.type != "meta" and tensor.numel():
+            flat = tensor.cpu().contiguous().reshape(-1)
+            digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return f"tensor{tuple(data.shape)}:" + hashlib.blake2b(
+            data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()
+    return value
+
+
+def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
+                    settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The fingerprint of a run: what its numbers depend on, and a digest of it.
+
+    Args:
+        model (nn.Module): The explained model.
+        layers (sequence of int): The chosen hidden-state indices.
+        units (str): ``"probability"`` or ``"log-probability"``.
+        settings (mapping): The run's settings: ``method``, ``n_steps``, ``baselines``,
+            ``max_new_tokens``, ``chat_template``, ``template_kwargs``, ``onset_frac``,
+            ``onset_rule``, ``top_k``, ``stride`` (missing ones are recorded as ``None``).
+
+    Returns:
+        dict: the entries of :data:`FINGERPRINT_KEYS`, ``torch`` and ``transformers``
+        versions, and ``digest`` (16 hex digits over the compared entries).
+    """
+    import transformers
+
+    from captum_iglens import __version__
+
+    dtype = next((str(p.dtype) for p in unwrap_model(model).parameters()), "none")
+    entries: dict[str, Any] = {
+        "package": __version__, "model": display_name(model), "weights": weights_digest(model),
+        "dtype": dtype, "layers": list(layers), "units": units,
+    }
+    for key in FINGERPRINT_KEYS[6:]:
+        entries[key] = _jsonable(settings.get(key))
+    if entries["method"] in (None, "prediction_aware"):
+        entries["n_steps"] = None  # the exact default does not depend on it
+    compared = json.dumps([entries[k] for k in FINGERPRINT_KEYS], sort_keys=True, default=str)
+    entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
+    entries["torch"] = torch.__version__
+    entries["transformers"] = transformers.__version__
+    return entries
+
+
+def input_hash(fields: Mapping[str, Any]) -> str:
+    """A hash of one record's input (prompt, text, answer, target, contrast, positions...)."""
+    text = json.dumps({k: _jsonable(v) for k, v in fields.items()}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, Any],
+                 path: Path) -> None:
+    """Refuse to resume ``path`` when its lines were written by another run.
+
+    Args:
+        lines: The complete lines already in the output (and its part files).
+        fingerprint: This run's :func:`run_fingerprint`.
+        path: The output, for the message.
+
+    Raises:
+        RunMismatchError: a line's fingerprint differs (the message lists what differs), or
+            a line has none (written by an older version, which recorded none).
+    """
+    for line in lines:
+        theirs = line.get("run")
+        if not isinstance(theirs, Mapping):
+            raise RunMismatchError(
+                f"{path} was written by an older version that recorded no run fingerprint, "
+                "so resuming it could mix two models' or settings' numbers: write to another "
+                "--output, or delete the file to start over.")
+        if theirs.get("digest") == fingerprint["digest"]:
+            continue
+        diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
+                 for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
+        raise RunMismatchError(
+            f"{path} holds results of another run ({'; '.join(diffs) or 'other settings'}): "
+            "resuming would mix their numbers. Write to another --output, or delete the file "
+            "to start over.")
+
+
+@contextmanager
+def run_lock(path: Path, enabled: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on ``PATH.lock`` while a run writes ``path``.
+
+    Raises:
+        RuntimeError: another process holds the lock (a second run on the same output
+            would do the same work twice and interleave its lines).
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks here; runs are not protected
+        yield
+        return
+    lock = path.with_name(f"{path.name}.lock")
+    handle = open(lock, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            raise RuntimeError(
+                f"Another process is writing {path} (it holds {lock}): wait for it to finish, "
+                "or write to another --output.") from err
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+        lock.unlink(missing_ok=True)
+
+
+def record_fields(record: Any) -> dict[str, Optional[Any]]:
+    """The input fields of a record that its numbers depend on."""
+    keys = ("prompt", "text", "answer", "answer_ids", "target", "contrast", "positions")
+    return {key: getattr(record, key, None) for key in keys}
+

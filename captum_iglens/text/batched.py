@@ -1,0 +1,219 @@
+"""Many prompts at once: IG-Lens over a left-padded batch, teacher-forced or recorded.
+
+A row of a batch gives the result of the same prompt run alone (to float32 rounding): the
+attention mask hides the padding, ``position_ids`` restart at each row's first real token,
+and the mean baseline averages each row's own real positions. :func:`explain_batch` runs one
+teacher-forced forward over given answers; :func:`explain_recorded` reads out the residuals
+that generation itself recorded (:mod:`captum_iglens.text.recorded`), with no second forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from captum_iglens._core.capture import paths_from_states
+from captum_iglens._core.inputs import check_top_k
+from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
+from captum_iglens.ig_lens import IGLens
+from captum_iglens.lens.architectures import display_name, vocab_size
+from captum_iglens.lens.hooks import input_device
+from captum_iglens.lens.readout import ModelDistribution
+from captum_iglens.results import IGLensResult
+from captum_iglens.results.from_output import AnswerSpec, result_from_output
+from captum_iglens.text.generation import left_pad, pad_id
+from captum_iglens.text.prompts import RenderedPrompt
+from captum_iglens.text.recorded import Recording
+
+__all__ = ["AnswerJob", "explain_batch", "explain_recorded"]
+
+
+@dataclass
+class AnswerJob:
+    """One prompt of a batch: its rendered ids, the answer to explain and its foils.
+
+    Attributes:
+        prompt (str): The user's prompt (recorded in the result).
+        rendered (RenderedPrompt): Its text and ids (chat template applied or not).
+        answer_ids (list[int]): The answer's ids (generated or given); empty until generated.
+        foils (list[int], optional): One foil id per answer token for a contrastive run.
+        keep (list[int], optional): Indices of the answer tokens to report (default: all).
+        generated (bool): The answer was generated greedily.
+    """
+
+    prompt: str
+    rendered: RenderedPrompt
+    answer_ids: list[int] = field(default_factory=list)
+    foils: Optional[list[int]] = None
+    keep: Optional[list[int]] = None
+    generated: bool = False
+
+
+def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
+             vocab: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``[B, n_cols]`` targets (and foils) at the last ``n_cols`` positions of each row.
+
+    Row ``r``'s answer fills its last ``T_r`` columns; earlier columns (prompt tokens of
+    that row) get the actual next token, and a foil different from it, and are dropped.
+    """
+    # Column c's next token is column c + 1's input; the last column has none (every row's
+    # answer covers it). Taken from the whole row, so that n_cols = 1 gives one column too.
+    following = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+    targets = following[:, ids.shape[1] - n_cols:].clone()
+    foils = (targets + 1) % vocab if jobs[0].foils is not None else None
+    for r, job in enumerate(jobs):
+        n = len(job.answer_ids)
+        targets[r, n_cols - n:] = torch.tensor(job.answer_ids)
+        if foils is not None:
+            foils[r, n_cols - n:] = torch.tensor(job.foils)
+    return targets, foils
+
+
+def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
+                  onset_frac: float = 0.5, onset_rule: str = "sustained", top_k: int = 0,
+                  **attribute_kwargs: Any) -> list[IGLensResult]:
+    """IG-Lens over every answer token of ``B`` prompts, in one left-padded forward.
+
+    Each row is ``prompt + answer[:-1]``, left-padded to the longest; answers end at the
+    same column, so the explained positions are the last ``max_r T_r`` columns, shared by
+    every row. Only each row's own answer positions (those it reports) are read out
+    (``attribute_details(..., explained=...)``): a shorter answer costs no readout of the
+    columns before it.
+
+    Args:
+        lens (IGLens): The lens (its model, layers and units).
+        tokenizer: Decodes the tokens of the results.
+        jobs (sequence of AnswerJob): ``B`` prompts with their answers; all or none with
+            ``foils``.
+        onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
+        onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
+        top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
+        **attribute_kwargs: ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
+
+    Returns:
+        list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids` on
+        that job alone up to float32 rounding.
+
+    Raises:
+        ValueError: a job without answer, a mix of contrastive and plain jobs; and as
+            :meth:`~captum_iglens.IGLens.attribute`.
+    """
+    _check_jobs(jobs)
+    rows = [job.rendered.ids + job.answer_ids[:-1] for job in jobs]
+    n_cols = max(len(job.answer_ids) for job in jobs)
+    explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
+    for r, job in enumerate(jobs):
+        explained[r, _columns(job, n_cols)] = True
+    model = lens.model
+    ids, mask = left_pad(rows, pad_id(tokenizer), input_device(model))
+    targets, foils = _targets(ids, jobs, n_cols, vocab_size(model) or 1)
+    if foils is not None:
+        attribute_kwargs["contrast"] = foils
+    positions = list(range(ids.shape[1] - n_cols, ids.shape[1]))
+    out = lens.attribute_details(ids, target=targets, positions=positions,
+                                 additional_forward_args=(mask,), top_k=top_k,
+                                 explained=explained, **attribute_kwargs)
+    return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule,
+                        attribute_kwargs) for r, job in enumerate(jobs)]
+
+
+def _check_jobs(jobs: Sequence[AnswerJob]) -> None:
+    """Refuse an empty batch, a job without answer, or contrastive and plain jobs mixed."""
+    if not jobs or any(not job.answer_ids for job in jobs):
+        raise ValueError("Every job of a batch needs a non-empty answer.")
+    if len({job.foils is None for job in jobs}) > 1:
+        raise ValueError("A batch mixes contrastive and plain jobs: batch them separately.")
+
+
+def _padded(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """``[B, width]`` ids, each row continued with its own last id (never read out)."""
+    return torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+_RECORDED_SETTINGS = {"baselines", "method", "n_steps", "internal_batch_size"}
+
+
+def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
+                     jobs: Sequence[AnswerJob], onset_frac: float = 0.5,
+                     onset_rule: str = "sustained", top_k: int = 0,
+                     **attribute_kwargs: Any) -> list[IGLensResult]:
+    """IG-Lens over the generated answers of ``recording``: readouts only, no forward.
+
+    Row ``r`` of the recording is ``jobs[r]``; answer token ``t`` is explained at the
+    recording's column ``S_p - 1 + t`` with the residuals of the pass that generated it.
+
+    Args:
+        lens (IGLens): The lens the recording was made with.
+        tokenizer: Decodes the tokens of the results.
+        recording (Recording): From :func:`~captum_iglens.text.recorded.generate_recording`.
+        jobs (sequence of AnswerJob): One per row, ``answer_ids`` the recording's answers;
+            all or none with ``foils`` (one per answer token).
+        onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
+        onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
+        top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
+        **attribute_kwargs: ``baselines`` (the recording's), ``method``, ``n_steps``,
+            ``internal_batch_size``.
+
+    Returns:
+        list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids`
+        on that job alone up to the rounding of the model's dtype (a KV-cached forward
+        against a whole one: about 1e-6 of the credits in float32, 1e-2 in bfloat16).
+
+    Raises:
+        ValueError: jobs that are not the recording's rows, a mix of contrastive and plain
+            jobs, an unknown estimator, a bad ``top_k``; and as
+            :meth:`~captum_iglens.IGLens.attribute`.
+        TypeError: an argument :meth:`~captum_iglens.IGLens.attribute` has not.
+    """
+    unknown = set(attribute_kwargs) - _RECORDED_SETTINGS
+    if unknown:
+        raise TypeError(f"Unexpected arguments {sorted(unknown)}: use "
+                        f"{sorted(_RECORDED_SETTINGS)}.")
+    if [job.answer_ids for job in jobs] != recording.answers:
+        raise ValueError("The jobs' answers are not the recording's: one job per row.")
+    _check_jobs(jobs)
+    if any(job.foils is not None and len(job.foils) != len(job.answer_ids) for job in jobs):
+        raise ValueError("Give one foil per answer token (contrast_per_token).")
+    vocab = vocab_size(lens.model) or recording.logits.shape[-1]
+    check_top_k(top_k, vocab)
+    method = attribute_kwargs.get("method", "prediction_aware")
+    n_steps = attribute_kwargs.get("n_steps", 50)
+    check_estimator(method, n_steps)
+    n_cols = recording.logits.shape[1]
+    explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
+    for r, job in enumerate(jobs):
+        explained[r, _kept(job)] = True
+    foils = jobs[0].foils is not None
+    cap = paths_from_states(
+        recording.states, ModelDistribution.from_logits(recording.logits), lens.layer_indices,
+        recording.positions, recording.mask, _padded(recording.answers, n_cols),
+        _padded([job.foils for job in jobs], n_cols) if foils else None,
+        attribute_kwargs.get("baselines", "mean"), explained, recording.mask.shape[1])
+    out = output_from_path(lens, cap, method, n_steps,
+                           readout_chunk(lens, attribute_kwargs.get("internal_batch_size")), top_k)
+    return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
+                        onset_rule, attribute_kwargs) for r, job in enumerate(jobs)]
+
+
+def _kept(job: AnswerJob) -> list[int]:
+    """The answer-token indices the job reports."""
+    return job.keep if job.keep is not None else list(range(len(job.answer_ids)))
+
+
+def _columns(job: AnswerJob, n_cols: int) -> list[int]:
+    """The explained columns (of the last ``n_cols``) of the job's reported tokens."""
+    return [n_cols - len(job.answer_ids) + t for t in _kept(job)]
+
+
+def _row_result(out: Any, row: int, job: AnswerJob, n_cols: int, tokenizer: Any, lens: IGLens,
+                onset_frac: float, onset_rule: str, settings: dict[str, Any]) -> IGLensResult:
+    n_prompt, answer = len(job.rendered.ids), job.answer_ids
+    keep = _kept(job)
+    spec = AnswerSpec(
+        prompt=job.prompt, input_ids=job.rendered.ids + answer, prompt_length=n_prompt,
+        token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
+        method=settings.get("method", "prediction_aware"), n_steps=settings.get("n_steps", 50),
+        onset_frac=onset_frac, onset_rule=onset_rule, model_name=display_name(lens.model))
+    return result_from_output(out, row, _columns(job, n_cols), spec, tokenizer)

@@ -1,0 +1,145 @@
+"""Forward hooks, KV-cache copies and target probabilities for the block ablation.
+
+``h_0`` is the input of the first decoder block, ``h_l`` the output of block ``l`` (the
+residual stream before the final norm); a block's residual update is ``h_l - h_{l-1}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
+
+
+def _hidden_of(output: object) -> Tensor:
+    """The residual stream ``[B, S, d]`` in a block's output (a tensor or a tuple)."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    raise TypeError(f"Cannot read the residual stream from a block output {type(output)}")
+
+
+def _with_hidden(output: object, hidden: Tensor) -> object:
+    """``output`` with its residual stream replaced by ``hidden``, same structure."""
+    if isinstance(output, Tensor):
+        return hidden
+    return type(output)((hidden, *output[1:]))  # type: ignore[index]
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` in eval mode without gradients.
+
+    Every submodule's train/eval flag is restored on exit: dropout must never change an
+    ablation.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
+def _with_input(args: tuple, kwargs: dict, hidden: Tensor) -> tuple[tuple, dict]:
+    """A block's ``(args, kwargs)`` with its input residual stream replaced by ``hidden``."""
+    if args:
+        return (hidden, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": hidden}
+
+
+@contextmanager
+def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: int,
+            record: Optional[dict[int, Tensor]] = None) -> Iterator[None]:
+    """Forward hooks on every block that ablate its update at one position.
+
+    Args:
+        blocks (nn.ModuleList): The ``n`` decoder blocks.
+        plan (dict): block ``l`` (1-based) -> ``(rows [R] int64, repl [R, d])``: rows ``rows``
+            get ``h_l[rows, pos] := h_{l-1}[rows, pos] + repl`` (``repl = 0`` removes the
+            update), and the later blocks run on the changed stream.
+        pos (int): The sequence position (``-1`` for a single-token forward).
+        record (dict, optional): Filled with every ``h_l`` ``[B, S, d]``, ``l = 0..n``.
+
+    Hooks are removed on exit, also when an error is raised.
+    """
+    inputs: dict[int, Tensor] = {}
+    handles = []
+
+    def pre(layer: int):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[layer] = args[0] if args else kwargs["hidden_states"]
+            if record is not None and layer == 1:
+                record[0] = inputs[layer].detach()
+        return hook
+
+    def post(layer: int):
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = _hidden_of(output)
+            if layer in plan:
+                rows, repl = plan[layer]
+                hidden = hidden.clone()
+                hidden[rows, pos] = inputs[layer][rows, pos] + repl
+            if record is not None:
+                record[layer] = hidden.detach()
+            return _with_hidden(output, hidden)
+        return hook
+
+    try:
+        for layer, block in enumerate(blocks, start=1):
+            handles.append(block.register_forward_pre_hook(pre(layer), with_kwargs=True))
+            handles.append(block.register_forward_hook(post(layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def cache_tensors(cache: object) -> list[tuple[Tensor, Tensor]]:
+    """Per block ``(keys, values)``, each ``[B, heads, S, head_dim]``, of a cache.
+
+    Reads transformers' ``Cache.layers``, the older ``key_cache`` lists, or legacy tuples.
+
+    Raises:
+        TypeError: for any other cache object.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    if hasattr(cache, "key_cache"):
+        return list(zip(cache.key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
+    if isinstance(cache, (tuple, list)):
+        return [(kv[0], kv[1]) for kv in cache]
+    raise TypeError(f"Cannot read keys and values from a cache of type {type(cache)}")
+
+
+def make_cache(kv: list[tuple[Tensor, Tensor]]) -> object:
+    """A fresh ``DynamicCache`` holding ``kv`` (per block ``(keys, values)``).
+
+    The forward that uses it appends to new tensors, so ``kv`` itself is never modified.
+    """
+    from transformers import DynamicCache
+
+    if "ddp_cache_data" in inspect.signature(DynamicCache.__init__).parameters:
+        return DynamicCache(ddp_cache_data=kv)
+    return DynamicCache.from_legacy_cache(tuple(kv))  # transformers < 4.53
+
+
+def target_probs(logits: Tensor, target: Tensor) -> Tensor:
+    """``softmax(logits)[target]`` for ``logits [R, V]`` and ``target [R]`` or a 0-dim id.
+
+    Returns:
+        Tensor: ``[R]`` probabilities, float32 (float64 for a float64 model).
+    """
+    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    index = target.to(log_probs.device).reshape(-1, 1).expand(log_probs.shape[0], 1)
+    return log_probs.gather(-1, index)[:, 0].exp()

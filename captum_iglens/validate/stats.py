@@ -1,0 +1,253 @@
+"""Statistics of the causal validation: predictors, per-token metrics, cluster bootstrap.
+
+Pure numpy / scipy on per-token arrays (``N`` tokens x ``n`` blocks, column ``j`` = block
+``j + 1``); :func:`captum_iglens.validate.driver.validate` feeds it. The onset layer is the
+paper's (arXiv:2606.29693): the first block from which the cumulative credit stays at or
+beyond half its sum.
+
+Views: every intervention kind is scored on all its blocks and, where one block's drop is
+tied to its credit by construction, also without that block (``exclude``): under zero
+ablation the last block's drop *is* its credit (both ``f(h_n) - f(h_{n-1})``), and under
+patching block 1's contrastive credit holds the jump from the corrupted reference's last
+residual to the clean ``h_1``. The view without it is named ``"<kind> w/o block <L>"``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from captum_iglens.validate.metrics import (
+    METRICS,
+    half_point,
+    nonmonotonic,
+    onset_gain,
+    profile_free_spearman,
+    token_metrics,
+)
+
+__all__ = ["METRICS", "PREDICTORS", "SUBSETS", "analyse", "cluster_bootstrap", "half_point",
+           "nonmonotonic", "onset_gain", "profile_free_spearman", "token_metrics", "view_name"]
+
+PREDICTORS: tuple[str, ...] = ("IG-Lens credit", "|credit|", "lens level", "direct effect",
+                               "first layer", "last layer", "random", "other prompts")
+SUBSETS: tuple[str, ...] = ("all", "monotonic", "non-monotonic")
+_RATES = ("top1", "top3")
+
+
+def view_name(kind: str, block: int) -> str:
+    """Name of the view of ``kind`` without ``block`` (1-based), e.g. ``"zero w/o block 30"``."""
+    return f"{kind} w/o block {block}"
+
+
+def _statistic(columns: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    """Mean of the ``rates`` columns, median of the others, NaN ignored (fast path without)."""
+    nan = np.isnan(columns).any(0)
+    out = np.full(columns.shape[1], np.nan)
+    if not len(columns):
+        return out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out[rates] = np.nanmean(columns[:, rates], 0)
+        out[~rates & ~nan] = np.median(columns[:, ~rates & ~nan], 0)
+        if (~rates & nan).any():
+            out[~rates & nan] = np.nanmedian(columns[:, ~rates & nan], 0)
+    return out
+
+
+def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
+                      n_boot: int = 1000, seed: int = 0,
+                      split: Optional[np.ndarray] = None) -> np.ndarray:
+    """Statistic and percentile 95% CI of every column, resampling clusters (prompts).
+
+    The one cluster bootstrap of the validation: the H1-H3 tests
+    (:mod:`captum_iglens.validate.verdict`) and every table use it.
+
+    Args:
+        columns (ndarray): ``[N, C]`` per-token values (NaN ignored).
+        rates (ndarray): ``[C]`` bool: the mean for these columns, the median otherwise.
+        groups (sequence of ndarray): token row indices of each non-empty cluster; the
+            statistic is taken over these rows only (a subset of tokens).
+        n_boot (int, optional): Resamples. Default: 1000.
+        seed (int, optional): Seed of the resampling. Default: 0.
+        split (ndarray, optional): ``[N]`` bool. The statistic is then the difference
+            ``stat(rows with split) - stat(rows without)``, both from the same resampled
+            clusters (a difference between two token subsets, paired by prompt).
+
+    Returns:
+        ndarray: ``[C, 3]`` (statistic, 2.5th percentile, 97.5th percentile); NaN where no
+        token (or no cluster) is available.
+    """
+    if not groups:
+        return np.full((len(rates), 3), np.nan)
+
+    def statistic(rows: np.ndarray) -> np.ndarray:
+        if split is None:
+            return _statistic(columns[rows], rates)
+        return (_statistic(columns[rows[split[rows]]], rates)
+                - _statistic(columns[rows[~split[rows]]], rates))
+
+    point = statistic(np.concatenate(list(groups)))
+    rng = np.random.default_rng(seed)
+    draws = np.empty((n_boot, columns.shape[1]))
+    for b in range(n_boot):
+        pick = rng.integers(0, len(groups), len(groups))
+        draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        quantile = np.nanpercentile if np.isnan(draws).any() else np.percentile
+        low, high = quantile(draws, [2.5, 97.5], axis=0)
+    return np.stack([point, low, high], 1)
+
+
+def predictor_scores(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray,
+                     onset: np.ndarray, drops: np.ndarray, prompt: np.ndarray,
+                     random: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every predictor of :data:`PREDICTORS`: ``[N, n]`` scores and ``[N]`` onset column.
+
+    Args:
+        credits (ndarray): ``[N, n]`` IG-Lens credits, probability units.
+        lens (ndarray): ``[N, n]`` logit-lens levels ``f(h_L)``.
+        direct (ndarray): ``[N, n]`` direct effects ``f(h_n) - f(h_n - u_L)``.
+        onset (ndarray): ``[N]`` IG-Lens onset column (0-based).
+        drops (ndarray): ``[N, n]`` drops of one ablation kind (for "other prompts").
+        prompt (ndarray): ``[N]`` prompt index of each token.
+        random (ndarray): ``[N, n]`` random scores.
+
+    Onsets, all by the rule of :func:`half_point`: IG-Lens's own (cumulative credit); the
+    lens level itself; the cumulative direct effects and the other prompts' drop profile;
+    block 1, block ``n`` and the random top block for the three baselines.
+    """
+    n_tok, n = credits.shape
+    layers = np.broadcast_to(np.arange(n, dtype=np.float64), (n_tok, n))
+    others = np.zeros_like(drops)
+    for p in np.unique(prompt):
+        rest = prompt != p
+        others[prompt == p] = drops[rest].mean(0) if rest.any() else 0.0
+    return {
+        "IG-Lens credit": (credits, onset), "|credit|": (np.abs(credits), onset),
+        "lens level": (lens, half_point(lens)),
+        "direct effect": (direct, half_point(direct.cumsum(1))),
+        "first layer": (-layers, np.zeros(n_tok, dtype=int)),
+        "last layer": (layers.copy(), np.full(n_tok, n - 1)),
+        "random": (random, random.argmax(1)),
+        "other prompts": (others, half_point(others.cumsum(1))),
+    }
+
+
+def _columns(metrics: dict[str, dict[str, dict[str, np.ndarray]]]
+             ) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """Every (table, view, predictor, metric) column of the bootstrap.
+
+    The metrics themselves, and the paired differences IG-Lens credit minus each other
+    predictor, token by token.
+    """
+    keys: list[tuple[str, ...]] = []
+    cols = []
+    for view, by_name in metrics.items():
+        ours = by_name[PREDICTORS[0]]
+        for name, values in by_name.items():
+            for metric in METRICS:
+                keys.append(("summary", view, name, metric))
+                cols.append(values[metric])
+                if name != PREDICTORS[0]:
+                    keys.append(("paired", view, name, metric))
+                    cols.append(ours[metric] - values[metric])
+    return keys, np.stack(cols, axis=1)
+
+
+def _views(drops: Mapping[str, np.ndarray], exclude: Mapping[str, int]
+           ) -> list[tuple[str, str, np.ndarray]]:
+    """``(view, kind, columns)``: every kind on all blocks, then without its excluded one."""
+    views = []
+    for kind, kind_drops in drops.items():
+        n = kind_drops.shape[1]
+        views.append((kind, kind, np.arange(n)))
+        if kind in exclude:
+            col = exclude[kind] % n
+            views.append((view_name(kind, col + 1), kind, np.delete(np.arange(n), col)))
+    return views
+
+
+def _view_metrics(arrays: Mapping[str, np.ndarray], onset: np.ndarray, cols: np.ndarray,
+                  kind_drops: np.ndarray, prompt: np.ndarray, random: np.ndarray
+                  ) -> dict[str, dict[str, np.ndarray]]:
+    """Every predictor's metrics on the blocks ``cols`` (onsets recomputed on a subset)."""
+    full = len(cols) == kind_drops.shape[1]
+    sub = {k: v[:, cols] for k, v in arrays.items()}
+    own_onset = onset if full else half_point(sub["credits"].cumsum(1))
+    drops = kind_drops[:, cols]
+    scores = predictor_scores(sub["credits"], sub["lens"], sub["direct"], own_onset, drops,
+                              prompt, random[:, cols])
+    out = {name: token_metrics(s, o, drops, prompt) for name, (s, o) in scores.items()}
+    # The other prompts' profile is itself built from the drops the residual ranks remove:
+    # its profile-free rho is negative by construction, not a measurement.
+    out["other prompts"]["spearman_token"] = np.full(len(drops), np.nan)
+    return out
+
+
+def analyse(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray, onset: np.ndarray,
+            drops: dict[str, np.ndarray], prompt: np.ndarray, n_boot: int = 1000,
+            seed: int = 0, nonmonotonic_tol: float = 0.05,
+            exclude: Optional[Mapping[str, int]] = None) -> dict[str, Any]:
+    """Per-token metrics of every predictor and view, and their bootstrap summaries.
+
+    Args:
+        credits (ndarray): ``[N, n]`` IG-Lens credits (probability units).
+        lens (ndarray): ``[N, n]`` logit-lens levels ``f(h_L)``.
+        direct (ndarray): ``[N, n]`` direct effects ``f(h_n) - f(h_n - u_L)``.
+        onset (ndarray): ``[N]`` IG-Lens onset column (0-based), all blocks.
+        drops (dict): kind -> ``[N, n]`` drops (or recoveries) of that intervention.
+        prompt (ndarray): ``[N]`` prompt (cluster) of each token.
+        n_boot (int, optional): Bootstrap resamples. Default: 1000.
+        seed (int, optional): Seeds the random predictor and the bootstrap. Default: 0.
+        nonmonotonic_tol (float, optional): See :func:`nonmonotonic`. Default: 0.05.
+        exclude (mapping, optional): kind -> column whose block is also left out in a
+            second view (``-1``: the last block). Default: none.
+
+    Returns:
+        dict with ``metrics`` (view -> predictor -> metric -> ``[N]``), ``nonmonotonic``
+        (``[N]`` bool), ``views`` (view -> kind), ``summary`` and ``paired`` (subset -> view
+        -> predictor -> metric -> ``[statistic, low, high]``, 95% CI clustered by prompt)
+        and ``contrast`` (view -> predictor -> metric -> the same for the difference
+        non-monotonic minus monotonic tokens, summary columns and paired ones under
+        ``"summary"`` / ``"paired"``).
+    """
+    random = np.random.default_rng(seed).standard_normal(credits.shape)
+    arrays = {"credits": credits, "lens": lens, "direct": direct}
+    views = _views(drops, exclude or {})
+    metrics = {view: _view_metrics(arrays, onset, cols, drops[kind], prompt, random)
+               for view, kind, cols in views}
+    keys, columns = _columns(metrics)
+    rates = np.array([key[-1] in _RATES for key in keys])
+    flags = nonmonotonic(lens, nonmonotonic_tol)
+    out: dict[str, Any] = {"metrics": metrics, "nonmonotonic": flags, "summary": {},
+                           "paired": {}, "contrast": {"summary": {}, "paired": {}},
+                           "views": {view: kind for view, kind, _ in views}}
+    masks = (np.ones_like(flags), ~flags, flags)
+    for subset, mask in zip(SUBSETS, masks, strict=True):
+        table = cluster_bootstrap(columns, rates, _groups(prompt, mask), n_boot, seed)
+        _store(out, keys, table, subset)
+    table = cluster_bootstrap(columns, rates, _groups(prompt, np.ones_like(flags)), n_boot,
+                              seed, split=flags)
+    _store(out["contrast"], keys, table, None)
+    return out
+
+
+def _groups(prompt: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    """Row indices of each prompt's tokens within ``mask`` (empty prompts dropped)."""
+    groups = [np.flatnonzero(mask & (prompt == p)) for p in np.unique(prompt)]
+    return [g for g in groups if len(g)]
+
+
+def _store(out: dict, keys: list[tuple[str, ...]], table: np.ndarray,
+           subset: Optional[str]) -> None:
+    """File each bootstrap row under ``out[table][subset][view][predictor][metric]``."""
+    for key, row in zip(keys, table, strict=True):
+        node = out[key[0]]
+        if subset is not None:
+            node = node.setdefault(subset, {})
+        node = node.setdefault(key[1], {}).setdefault(key[2], {})
+        node[key[3]] = [float(v) for v in row]
