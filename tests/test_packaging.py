@@ -30,7 +30,7 @@ def sdist_files(tmp_path_factory) -> set[str]:
 
 
 def test_sdist_ships_the_tests_and_what_they_need(sdist_files) -> None:
-    tests = {f"tests/{p.name}" for p in (ROOT / "tests").glob("*.py")}
+    tests = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("*.py")}
     assert {f"tests/{name}" for name in HELPERS} <= tests  # the helpers are in this checkout
     missing = tests - sdist_files
     assert not missing, sorted(missing)
