@@ -32,7 +32,8 @@ from captum_iglens import IGLens
 from captum_iglens._core.estimators import ESTIMATORS, grid_probs, node_probs
 from captum_iglens._core.pipeline import capture_lens_path
 from captum_iglens.lens.hooks import capture_residual_stream
-from captum_iglens.lens.readout import check_readout, chunk_rows, readout_probs
+from captum_iglens.lens.readout import chunk_rows, readout_probs
+from captum_iglens.lens.readout_check import check_readout
 from captum_iglens.models.loading import load_model
 from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 

@@ -1,5 +1,14 @@
-"""Deprecated path of :mod:`captum_iglens.lens.architectures` (an alias of that module)."""
+"""Deprecated path of :mod:`captum_iglens.lens.architectures` and :mod:`~.lens.context`."""
 
-from captum_iglens._lazy import alias_module
+import warnings
 
-alias_module(__name__, "captum_iglens.lens.architectures")
+from captum_iglens.lens.architectures import *  # noqa: F403
+from captum_iglens.lens.architectures import __all__ as _layout_names
+from captum_iglens.lens.context import *  # noqa: F403
+from captum_iglens.lens.context import __all__ as _context_names
+
+__all__ = [*_layout_names, *_context_names]
+
+warnings.warn("captum_iglens.architectures moved to captum_iglens.lens.architectures and "
+              "captum_iglens.lens.context; import it from there (this alias will be removed)",
+              DeprecationWarning, stacklevel=2)

@@ -13,22 +13,16 @@ from captum.attr import GradientAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from captum_iglens._core.baselines import BASELINES, BaselineSpec
+from captum_iglens._core.baselines import BASELINES
 from captum_iglens._core.estimators import (
     METHODS,
     UNITS,
     grid_probs,
 )
-from captum_iglens._core.inputs import (
-    LayerSpec,
-    PositionSpec,
-    TargetSpec,
-    check_top_k,
-    is_int,
-    resolve_layer_indices,
-)
+from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.onset import onset_layer_indices
 from captum_iglens._core.pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
+from captum_iglens._typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.architectures import (
     input_embeddings,
     resolve_decoder_blocks,
@@ -36,6 +30,7 @@ from captum_iglens.lens.architectures import (
     vocab_size,
 )
 from captum_iglens.lens.changes import ModelStructure, check_unchanged
+from captum_iglens.lens.layers import resolve_layer_indices
 from captum_iglens.lens.readout import ReadoutMismatchError, resolve_readout
 from captum_iglens.results import IGLensOutput
 

@@ -30,6 +30,8 @@ __all__ = [
     "METHODS",
     "ONSET_RULES",
     "UNITS",
+    "DEFAULT_N_BOOT",
+    "VALIDATE_DONORS",
     "VALIDATE_MAX_NEW_TOKENS",
     "VALIDATE_THRESHOLD",
     "AttributionSettings",
@@ -67,6 +69,10 @@ DEFAULT_MAX_RECORDS = 200
 VALIDATE_THRESHOLD = 0.2
 #: ``iglens validate``: longest answer of the packaged short-answer prompts.
 VALIDATE_MAX_NEW_TOKENS = 12
+#: ``iglens validate``: resample-ablation donors per prompt.
+VALIDATE_DONORS = 4
+#: Cluster-bootstrap resamples of summaries and the validation's tables.
+DEFAULT_N_BOOT = 1000
 
 
 @dataclass(frozen=True)

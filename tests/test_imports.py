@@ -133,3 +133,41 @@ def test_settings_agree_with_the_registries() -> None:
     assert set(settings.CAPTUM_METHODS) == set(SUPPORTED_METHODS)
     assert set(settings.METHODS) == set(METHODS) and settings.UNITS == UNITS
     assert settings.BASELINES == BASELINES
+
+
+#: The one-way order of the package's parts: a part imports only parts of its rank or lower.
+RANKS = {
+    **dict.fromkeys(("_typing", "_format", "settings", "_lazy", "_progress", "_display",
+                     "_captum_compat", "results", "plot"), 0),
+    "lens": 1, "models": 1, "_core": 2, "ig_lens": 3, "text": 4,
+    **dict.fromkeys(("llm_attr", "run", "validate", "compare", "testing"), 5),
+    "summary": 6, "cli": 7, "__main__": 8,
+}
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if "." in module else "__main__"  # the root: top rank
+
+
+def _upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((a, b) for a, deps in graph.items() for b in deps
+                  if _part(a) in RANKS and _part(b) in RANKS
+                  and RANKS[_part(b)] > RANKS[_part(a)])
+
+
+def test_every_part_of_the_package_has_a_rank() -> None:
+    # A new top-level module or subpackage must be placed in the order (old paths kept as
+    # deprecated aliases are the exception: they import their new home and nothing else).
+    parts = {_part(m) for m in _graph()} - {"__main__"}
+    aliases = {p.stem for p in ROOT.glob("*.py")
+               if "alias" in p.read_text() and "Deprecated path" in p.read_text()}
+    assert parts - set(RANKS) - aliases == set()
+
+
+def test_data_flows_one_way() -> None:
+    assert _upward(_graph()) == []
+
+
+def test_one_way_check_finds_an_upward_import() -> None:
+    assert _upward({"p.results.x": {"p.text.y"}, "p.text.y": {"p.results.x"}}) == [
+        ("p.results.x", "p.text.y")]

@@ -18,7 +18,8 @@ from tiny_families import SPECS, _llama_like, make_family
 from torch import nn
 
 from captum_iglens import FAMILIES, IGLens, ReadoutMismatchError, UnknownArchitectureError
-from captum_iglens.lens.architectures import max_sequence_length, unwrap_model
+from captum_iglens.lens.architectures import unwrap_model
+from captum_iglens.lens.context import max_sequence_length
 from captum_iglens.lens.hooks import ResidualShapeError
 from captum_iglens.lens.readout import LensReadout, distribution_tolerance
 from captum_iglens.text.explain_prompt import generate_answer

@@ -26,7 +26,7 @@ from torch import nn
 from captum_iglens import IGLens
 from captum_iglens.cli import CliError, read_prompts
 from captum_iglens.lens.architectures import vocab_size
-from captum_iglens.lens.hooks import execution_device, model_dtype
+from captum_iglens.lens.state import execution_device, model_dtype
 from captum_iglens.text.explain_prompt import build_prompt_ids, explain, target_token_id
 
 POSITIONS = [2, 5, -1]

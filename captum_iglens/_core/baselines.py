@@ -16,13 +16,13 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._typing import BaselineSpec
 from captum_iglens.lens.architectures import input_embeddings, vocab_size
 
 __all__ = [
     "BASELINES",
     "BASELINE_DESCRIPTIONS",
     "MEAN_BASELINE_LAYER",
-    "BaselineSpec",
     "causal_mean",
     "check_reference_ids",
     "describe_input_baseline",
@@ -48,8 +48,6 @@ BASELINE_DESCRIPTIONS: dict[str, str] = {
     "tensor": "a residual-space tensor given by the caller",
     "reference ids": "h_n(x'), the last-block residual of the reference token ids",
 }
-
-BaselineSpec = Union[str, Tensor]
 
 
 def is_reference_ids(baselines: object) -> bool:

@@ -15,28 +15,27 @@ from torch import Tensor, nn
 
 from captum_iglens._core.baselines import (
     MEAN_BASELINE_LAYER,
-    BaselineSpec,
     check_reference_ids,
     is_reference_ids,
     residual_baseline,
 )
 from captum_iglens._core.estimators import PathNodes
 from captum_iglens._core.inputs import (
-    PositionSpec,
-    TargetSpec,
     check_explained,
     check_not_padding,
     check_sequence_length,
     check_token_ids,
     forward_kwargs,
-    forward_parameters,
     normalise_positions,
     warn_if_unmasked_padding,
 )
 from captum_iglens._core.targets import normalise_contrast, normalise_target
-from captum_iglens.lens.architectures import max_sequence_length, unwrap_model, vocab_size
-from captum_iglens.lens.hooks import execution_device, forward_with_capture
+from captum_iglens._typing import BaselineSpec, PositionSpec, TargetSpec
+from captum_iglens.lens.architectures import unwrap_model, vocab_size
+from captum_iglens.lens.context import max_sequence_length
+from captum_iglens.lens.hooks import forward_with_capture
 from captum_iglens.lens.readout import ModelDistribution
+from captum_iglens.lens.state import execution_device, forward_parameters
 
 __all__ = ["PathCapture", "capture_path", "paths_from_states", "recorded_layers"]
 

@@ -27,8 +27,8 @@ from torch import Tensor
 
 from captum_iglens._captum_compat import CAPTUM_APPROXIMATION_METHODS, approximation_parameters
 from captum_iglens._progress import progress_bar
+from captum_iglens._typing import Readout
 from captum_iglens.lens.readout import (
-    Readout,
     ReadoutMismatchError,
     lens_values,
     pad_rows,

@@ -9,40 +9,25 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from captum_iglens.lens.architectures import unwrap_model
+from captum_iglens._typing import PositionSpec, is_int
 
 __all__ = [
     "warn_if_unmasked_padding",
-    "LayerSpec",
-    "PositionSpec",
-    "TargetSpec",
     "check_explained",
     "check_not_padding",
     "check_top_k",
     "check_sequence_length",
     "check_token_ids",
     "forward_kwargs",
-    "forward_parameters",
-    "is_int",
     "normalise_positions",
     "position_ids_from_mask",
-    "resolve_layer_indices",
 ]
-
-LayerSpec = Union[None, str, int, nn.Module, Sequence[Union[int, nn.Module]]]
-TargetSpec = Union[None, int, Sequence[int], Tensor]
-PositionSpec = Union[int, Sequence[int], Tensor]
-
-
-def is_int(value: object) -> bool:
-    """An int (numpy ints included), not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
@@ -70,84 +55,6 @@ def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
             "the input tokenised with this model's tokenizer?"
         )
     return inputs
-
-
-def _layer_index(layer: object, blocks: nn.ModuleList, embedding: Optional[nn.Module]) -> int:
-    n = len(blocks)
-    if isinstance(layer, nn.Module):
-        matches = [i for i, block in enumerate(blocks) if block is layer]
-        if matches:
-            return matches[0] + 1
-        if embedding is not None and layer is embedding:
-            return 0
-        raise ValueError(
-            f"Layer {type(layer).__name__} is not one of the model's {n} decoder blocks nor "
-            "its input embedding; pass decoder blocks (e.g. model.model.layers[i]) or "
-            f"hidden-state indices 0..{n}."
-        )
-    if not is_int(layer):
-        raise TypeError(
-            f"A layer must be an int hidden-state index or an nn.Module, got {layer!r}; "
-            "use layers=None (or 'all') for every decoder block."
-        )
-    index = int(layer) + n + 1 if int(layer) < 0 else int(layer)
-    if not 0 <= index <= n:
-        raise ValueError(
-            f"Layer index {layer} is out of range: this model has {n} decoder blocks, so "
-            f"hidden-state indices run from 0 (embedding output) to {n} (last block), or "
-            f"-{n + 1}..-1 from the end."
-        )
-    return index
-
-
-def resolve_layer_indices(
-    layers: LayerSpec, blocks: nn.ModuleList, embedding: Optional[nn.Module]
-) -> tuple[int, ...]:
-    """Sorted hidden-state indices ``L_1 < ... < L_k = n`` of a layer specification.
-
-    Args:
-        layers: ``None`` or ``"all"`` (every block), a decoder block or the input embedding
-            (Captum style), a hidden-state index (negative counts from ``n + 1``), or a
-            sequence of them. The last block ``n`` is always added.
-        blocks (nn.ModuleList): The ``n`` decoder blocks.
-        embedding (nn.Module, optional): The input embedding (index 0).
-
-    Warns:
-        UserWarning: when the input embedding module is the only layer given (the layer
-            Captum's LLM tutorial hands to LayerIntegratedGradients): the split is then
-            ``emb`` + last block.
-
-    Raises:
-        ValueError: empty, out of range, given twice, or a module that is not a block.
-        TypeError: anything else.
-    """
-    n = len(blocks)
-    if layers is None or (isinstance(layers, str) and layers == "all"):
-        return tuple(range(1, n + 1))
-    if isinstance(layers, str):
-        raise TypeError(f"layers={layers!r}: use 'all' (or None) for every decoder block, or "
-                        "hidden-state indices such as [0, 10, 20].")
-    single = isinstance(layers, nn.Module) or is_int(layers)
-    items = [layers] if single else list(layers)  # type: ignore[arg-type]
-    if not items:
-        raise ValueError("layers is empty: give decoder blocks or hidden-state indices, "
-                         "or None for all blocks.")
-    indices: list[int] = []
-    for layer in items:
-        index = _layer_index(layer, blocks, embedding)
-        if index in indices:
-            raise ValueError(f"Layer {index} is given twice; each layer may appear once.")
-        indices.append(index)
-    if indices == [0] and n > 1 and embedding is not None and items[0] is embedding:
-        warnings.warn(
-            "Only the input embedding was given as layer: IG-Lens adds the last block and "
-            "splits the probability into two columns ('emb', last block). Pass layers=None "
-            "for every decoder block, or a list of blocks / hidden-state indices.",
-            stacklevel=3,
-        )
-    if n not in indices:
-        indices.append(n)
-    return tuple(sorted(indices))
 
 
 def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
@@ -215,16 +122,6 @@ def check_explained(explained: Optional[Tensor], batch: int, n_pos: int) -> Opti
     if not bool(explained.any()):
         raise ValueError("explained is False everywhere: explain at least one pair.")
     return explained.detach().cpu()
-
-
-def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
-    """The parameters of the model's ``forward``, read through compile and adapter wrappers.
-
-    ``torch.compile(model)`` and PEFT adapters expose ``forward(*args, **kwargs)``; the inner
-    model's signature (:func:`~captum_iglens.lens.architectures.unwrap_model`) says which keyword
-    arguments (``position_ids``, ``use_cache``, ``logits_to_keep``) the call may pass.
-    """
-    return inspect.signature(unwrap_model(model).forward).parameters
 
 
 def position_ids_from_mask(mask: Tensor) -> Tensor:
@@ -333,7 +230,7 @@ def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mappi
     """Refuse inputs longer than the model's position table, before any forward pass.
 
     Args:
-        limit (int, optional): :func:`~captum_iglens.lens.architectures.max_sequence_length`
+        limit (int, optional): :func:`~captum_iglens.lens.context.max_sequence_length`
             (``None``: no limit).
         input_ids (Tensor): ``[B, S]`` token ids.
         kwargs (mapping): The forward's keyword arguments; with ``position_ids`` (derived

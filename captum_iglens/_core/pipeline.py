@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.baselines import BaselineSpec
 from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.estimators import (
     ESTIMATORS,
@@ -23,15 +22,11 @@ from captum_iglens._core.estimators import (
     read_nodes,
     warn_if_not_converged,
 )
-from captum_iglens._core.inputs import PositionSpec, TargetSpec, is_int
+from captum_iglens._typing import BaselineSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.architectures import vocab_size
-from captum_iglens.lens.hooks import model_dtype
-from captum_iglens.lens.readout import (
-    check_distribution_errors,
-    check_readout,
-    chunk_rows,
-    readout_top_k,
-)
+from captum_iglens.lens.readout import chunk_rows, readout_top_k
+from captum_iglens.lens.readout_check import check_distribution_errors, check_readout
+from captum_iglens.lens.state import model_dtype
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",

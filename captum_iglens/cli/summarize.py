@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             status 1).
         OSError: the file cannot be read or an output cannot be written (exit status 1).
     """
-    from captum_iglens.run.results_file import NotAResultsFile, load_results
+    from captum_iglens.run.reader import load_results
+    from captum_iglens.run.results_file import NotAResultsFile
     from captum_iglens.summary.pool import is_contrastive, summarize
 
     try:

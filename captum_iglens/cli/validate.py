@@ -13,6 +13,7 @@ import sys
 
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
+from captum_iglens.settings import VALIDATE_DONORS
 
 __all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
@@ -42,9 +43,6 @@ EXIT_STATUS = exit_status_help(
     "fewer than 2 patching pairs whose prompts have as many tokens (before any run)",
 )
 ABLATIONS = ("zero", "mean", "resample", "patch", "all")
-#: Resample donors per prompt; equal to validate.driver.DEFAULT_DONORS (a test checks),
-#: written here so that ``iglens validate --help`` imports no torch.
-DEFAULT_DONORS = 4
 _REMEDY = ("use --ablation zero or --ablation resample (they need no reference set), or give "
            "more prompts (--prompts-file)")
 #: Tokens the embedded SmolLM2's chat template adds around a prompt (system prompt and role
@@ -79,10 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "\"clean\", \"corrupted\", \"answer\", \"foil\"} objects, clean and "
                         "corrupted of equal token count (default: the packaged set)")
     parser.add_argument("--donors", type=opts.at_least(1, "--donors"),
-                        default=DEFAULT_DONORS,
+                        default=VALIDATE_DONORS,
                         help="resample ablation: donor prompts per prompt, their "
                         f"probabilities averaged; at most the other prompts (default: "
-                        f"{DEFAULT_DONORS})")
+                        f"{VALIDATE_DONORS})")
     parser.add_argument("--threshold", type=_probability, default=DEFAULT_THRESHOLD,
                         help="explain answer tokens with p_final >= this probability "
                         f"(default: {DEFAULT_THRESHOLD:g})")

@@ -27,18 +27,10 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.baselines import BaselineSpec, describe_input_baseline, input_baseline_ids
-from captum_iglens._core.inputs import (
-    LayerSpec,
-    PositionSpec,
-    TargetSpec,
-    check_token_ids,
-    forward_parameters,
-    is_int,
-    normalise_positions,
-    position_ids_from_mask,
-)
+from captum_iglens._core.baselines import describe_input_baseline, input_baseline_ids
+from captum_iglens._core.inputs import check_token_ids, normalise_positions, position_ids_from_mask
 from captum_iglens._core.targets import normalise_target
+from captum_iglens._typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.compare.runners import (
     COMPARE_METHODS,
     COMPARE_RUNNERS,
@@ -48,7 +40,8 @@ from captum_iglens.compare.runners import (
 )
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import display_name, strip_parallel, vocab_size
-from captum_iglens.lens.hooks import input_device, model_state_preserved, residual_tap
+from captum_iglens.lens.hooks import residual_tap
+from captum_iglens.lens.state import forward_parameters, input_device, model_state_preserved
 from captum_iglens.results import CompletenessBatch, CompletenessReport, MethodCompleteness
 
 __all__ = [

@@ -17,12 +17,13 @@ import torch
 from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor, nn
 
-from captum_iglens._core.baselines import BaselineSpec
-from captum_iglens._core.inputs import forward_parameters, position_ids_from_mask
+from captum_iglens._core.inputs import position_ids_from_mask
 from captum_iglens._progress import progress_bar
+from captum_iglens._typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import input_embeddings
 from captum_iglens.lens.hooks import residual_tap
+from captum_iglens.lens.state import forward_parameters
 from captum_iglens.results import MethodCompleteness
 
 __all__ = ["COMPARE_METHODS", "COMPARE_RUNNERS", "DEFAULT_COMPARE_METHODS", "CompareContext",

@@ -1,6 +1,6 @@
 """The model's own next-token distribution, and how far a readout may stray from it.
 
-The run-time readout check (:func:`captum_iglens.lens.readout.check_readout`) compares the lens
+The run-time readout check (:func:`~captum_iglens.lens.readout_check.check_readout`) compares the
 readout's log-probabilities of ``h_n`` over the whole vocabulary with the model's own, so that
 a readout missing a logit transform is caught at low-probability targets too.
 """

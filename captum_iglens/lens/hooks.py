@@ -1,4 +1,4 @@
-"""The residual stream: capture ``h_0..h_n`` with hooks, tap one for Captum, model state.
+"""The residual stream: capture ``h_0..h_n`` with hooks, record it while generating, tap it.
 
 ``h_0`` is the input of the first decoder block (the embedding output after any
 model-specific scaling or position embedding), ``h_l`` the output of block ``l``;
@@ -15,63 +15,28 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.architectures import input_embeddings
-from captum_iglens.lens.stateful import pristine_rope
+from captum_iglens.lens.state import model_state_preserved
 
 __all__ = [
     "ResidualShapeError",
     "capture_residual_stream",
     "check_finite_residuals",
-    "execution_device",
     "forward_with_capture",
-    "input_device",
-    "model_dtype",
-    "model_state_preserved",
+    "hidden_of",
     "record_residual_steps",
     "residual_tap",
 ]
 
 
-def execution_device(module: nn.Module) -> Optional[torch.device]:
-    """The device on which ``module`` computes.
+def hidden_of(output: object) -> Tensor:
+    """The residual stream ``[B, S, d]`` in a decoder block's output.
 
-    For a module dispatched with accelerate (``device_map``, ``cpu_offload``,
-    ``disk_offload``) the parameters may live on the ``meta`` device while an
-    ``AlignDevicesHook`` moves them to its ``execution_device`` for each call: that device
-    is returned. Otherwise the device of the first parameter or buffer not on ``meta``;
-    ``None`` when there is none (a module without tensors).
+    A tensor, the first element of a tuple or list, or the ``hidden_states`` field of a
+    model-output object.
+
+    Raises:
+        TypeError: an output of another kind.
     """
-    for sub in module.modules():
-        hook = getattr(sub, "_hf_hook", None)
-        hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
-        for one in hooks:
-            dev = getattr(one, "execution_device", None)
-            if dev is not None:
-                return torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.device.type != "meta":
-            return tensor.device
-    return None
-
-
-def input_device(model: nn.Module) -> torch.device:
-    """Where token ids go: the input embedding's execution device (CPU when unknown)."""
-    emb = input_embeddings(model)
-    dev = execution_device(emb) if emb is not None else None
-    if dev is None:
-        dev = execution_device(model)
-    return dev if dev is not None else torch.device("cpu")
-
-
-def model_dtype(model: nn.Module) -> torch.dtype:
-    """The dtype of the model's first floating-point parameter (float32 if none)."""
-    for param in model.parameters():
-        if param.is_floating_point():
-            return param.dtype
-    return torch.float32
-
-
-def _hidden_from_output(output: object) -> Tensor:
     if isinstance(output, Tensor):
         return output
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
@@ -239,7 +204,7 @@ def _register(blocks: nn.ModuleList, index: int, keep: Callable[[int, Tensor], N
         return blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
 
     def hook(_m: nn.Module, _a: tuple, output: object) -> None:
-        keep(index, _hidden_from_output(output))
+        keep(index, hidden_of(output))
 
     return blocks[index - 1].register_forward_hook(hook)
 
@@ -346,20 +311,3 @@ def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
         handle.remove()
 
 
-@contextmanager
-def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
-    """Run ``model`` in eval mode, stateful parts pristine, and hand it back as it was.
-
-    Dropout must never change an attribution, nor must an earlier call's state (dynamic
-    RoPE's grown frequencies, see :func:`~captum_iglens.lens.stateful.pristine_rope`). The
-    ``training`` flag of every submodule and those states are restored, so a user's mix of
-    modes survives.
-    """
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        with pristine_rope(model):
-            yield model
-    finally:
-        for module, mode in modes:
-            module.training = mode

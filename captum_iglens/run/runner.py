@@ -21,7 +21,8 @@ from torch import nn
 
 from captum_iglens._progress import progress_bar
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import check_context, strip_parallel
+from captum_iglens.lens.architectures import strip_parallel
+from captum_iglens.lens.context import check_context
 from captum_iglens.results import IGLensResult
 from captum_iglens.run.distributed import Processes, processes
 from captum_iglens.run.fingerprint import (

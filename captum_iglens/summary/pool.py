@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from captum_iglens._format import layer_names, num, shorten
-from captum_iglens.run.results_file import check_one_run, load_results
+from captum_iglens.run.reader import check_one_run, load_results
 from captum_iglens.summary.report import WIDTH, record_label, record_name, report_lines
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]

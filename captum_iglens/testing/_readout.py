@@ -7,10 +7,11 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.inputs import forward_kwargs, forward_parameters
+from captum_iglens._core.inputs import forward_kwargs
 from captum_iglens.lens.architectures import UnknownArchitectureError, strip_parallel
 from captum_iglens.lens.hooks import forward_with_capture
 from captum_iglens.lens.readout import LensReadout, resolve_readout
+from captum_iglens.lens.state import forward_parameters
 from captum_iglens.testing._bounds import readout_tolerance
 
 __all__ = ["assert_readout_exact", "last_residuals"]

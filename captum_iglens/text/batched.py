@@ -19,11 +19,11 @@ from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import display_name, vocab_size
-from captum_iglens.lens.hooks import input_device
 from captum_iglens.lens.readout import ModelDistribution
+from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
-from captum_iglens.results.from_output import AnswerSpec, result_from_output
 from captum_iglens.text.generation import left_pad, pad_id
+from captum_iglens.text.packaging import AnswerSpec, result_from_output
 from captum_iglens.text.prompts import RenderedPrompt
 from captum_iglens.text.recorded import Recording
 

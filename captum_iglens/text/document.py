@@ -19,18 +19,19 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens._core.baselines import BaselineSpec
 from captum_iglens._core.capture import PathCapture, paths_from_states
 from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
 from captum_iglens._progress import progress_bar
+from captum_iglens._typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import context_length, display_name, vocab_size
-from captum_iglens.lens.hooks import input_device
+from captum_iglens.lens.architectures import display_name, vocab_size
+from captum_iglens.lens.context import context_length
+from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensOutput, IGLensResult
-from captum_iglens.results.from_output import AnswerSpec, result_from_output
 from captum_iglens.text.document_pass import DocumentChunk, cache_refusal, document_chunks
 from captum_iglens.text.explain_prompt import contrast_per_token
+from captum_iglens.text.packaging import AnswerSpec, result_from_output
 from captum_iglens.text.prompts import render_prompt
 
 __all__ = ["DEFAULT_CHUNK", "document_positions", "explain_document"]
@@ -217,7 +218,7 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
 
     Raises:
         ValueError: an empty text, bad positions or stride, a text longer than the model's
-            context (:func:`~captum_iglens.lens.architectures.context_length`), a baseline tensor
+            context (:func:`~captum_iglens.lens.context.context_length`), a baseline tensor
             of another shape; and as :meth:`~captum_iglens.IGLens.attribute`.
         TypeError: an argument other than those above.
     """

@@ -22,18 +22,18 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.baselines import MEAN_BASELINE_LAYER, BaselineSpec, is_reference_ids
+from captum_iglens._core.baselines import MEAN_BASELINE_LAYER, is_reference_ids
 from captum_iglens._core.capture import recorded_layers
-from captum_iglens._core.inputs import forward_parameters
+from captum_iglens._typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
-from captum_iglens.lens.hooks import (
-    capture_residual_stream,
-    check_finite_residuals,
+from captum_iglens.lens.hooks import capture_residual_stream, check_finite_residuals
+from captum_iglens.lens.readout import ModelDistribution
+from captum_iglens.lens.state import (
+    dynamic_rope_prefixes,
     execution_device,
+    forward_parameters,
     model_state_preserved,
 )
-from captum_iglens.lens.readout import ModelDistribution
-from captum_iglens.lens.stateful import dynamic_rope_prefixes
 
 __all__ = ["UNCACHED_DOCUMENTS", "DocumentChunk", "cache_refusal", "document_chunks"]
 

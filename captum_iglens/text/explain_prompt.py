@@ -8,19 +8,16 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from captum_iglens._core.inputs import LayerSpec, check_token_ids
+from captum_iglens._core.inputs import check_token_ids
+from captum_iglens._typing import LayerSpec
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import (
-    check_context,
-    display_name,
-    strip_parallel,
-    vocab_size,
-)
-from captum_iglens.lens.hooks import input_device
+from captum_iglens.lens.architectures import display_name, strip_parallel, vocab_size
+from captum_iglens.lens.context import check_context
+from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
-from captum_iglens.results.from_output import AnswerSpec, result_from_output
 from captum_iglens.text.batched import AnswerJob, explain_recorded
 from captum_iglens.text.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
+from captum_iglens.text.packaging import AnswerSpec, result_from_output
 from captum_iglens.text.prompts import (
     RenderedPrompt,
     build_prompt_ids,
@@ -91,7 +88,7 @@ def explain_ids(
     Raises:
         ValueError: empty prompt or answer, a contrast of the wrong length, prompt plus
             answer beyond the model's context
-            (:func:`~captum_iglens.lens.architectures.check_context`); and as
+            (:func:`~captum_iglens.lens.context.check_context`); and as
             :meth:`~captum_iglens.IGLens.attribute`.
     """
     model = strip_parallel(model)
@@ -212,7 +209,7 @@ def explain(
         ValueError: empty prompt or target, no prompts, the model generated no token, or
             the prompt plus ``max_new_tokens`` (or the target) beyond the model's context
             (the same rule as ``iglens run``:
-            :func:`~captum_iglens.lens.architectures.check_context`).
+            :func:`~captum_iglens.lens.context.check_context`).
 
     Examples::
 

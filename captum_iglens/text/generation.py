@@ -12,8 +12,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from captum_iglens.lens.architectures import max_sequence_length
-from captum_iglens.lens.hooks import input_device, model_state_preserved
+from captum_iglens.lens.context import max_sequence_length
+from captum_iglens.lens.state import input_device, model_state_preserved
 
 __all__ = ["DEFAULT_MAX_NEW_TOKENS", "end_ids", "generate_answer", "generate_batch",
            "greedy_generate", "left_pad", "neutral_generation_config", "pad_id"]

@@ -23,16 +23,12 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.baselines import BaselineSpec
 from captum_iglens._core.capture import recorded_layers
+from captum_iglens._typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import UNRECORDED_GENERATION
-from captum_iglens.lens.hooks import (
-    check_finite_residuals,
-    execution_device,
-    model_dtype,
-    record_residual_steps,
-)
+from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
+from captum_iglens.lens.state import execution_device, model_dtype
 from captum_iglens.text.generation import greedy_generate
 
 __all__ = ["Recording", "can_record", "generate_recording"]

@@ -25,14 +25,15 @@ block's row both join the batch late, so the checks cover that too.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens import resolve_decoder_blocks, resolve_readout
+from captum_iglens.lens.architectures import resolve_decoder_blocks
+from captum_iglens.lens.readout import resolve_readout
+from captum_iglens.lens.state import forward_parameters, input_device, model_dtype
 from captum_iglens.validate.ablation_checks import AblationCheckError, AblationChecks
 from captum_iglens.validate.ablation_hooks import eval_mode, target_probs
 from captum_iglens.validate.ablation_rows import ResidualTrace, RowPlan, run_rows, trace_forward
@@ -157,11 +158,10 @@ class BlockAblation(AblationChecks):
         self.blocks = resolve_decoder_blocks(model)
         self.readout = resolve_readout(model)
         self.grow = bool(grow)
-        params = inspect.signature(model.forward).parameters
+        params = forward_parameters(model)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._can_keep = "logits_to_keep" in params
-        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()),
-                     torch.float32)
+        dtype = model_dtype(model)
         self.tolerance = min(float(tolerance_eps) * torch.finfo(dtype).eps, CHECK_TOLERANCE_CAP)
 
     @property
@@ -187,7 +187,7 @@ class BlockAblation(AblationChecks):
             return trace_forward(self.model, self.blocks, ids, self._cache_kw, self._can_keep)
 
     def _device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return input_device(self.model)
 
     def run_plan(self, trace: ResidualTrace, pos: int, plan: RowPlan, ids: Tensor) -> Tensor:
         """Run the rows of ``plan`` at ``pos``: one cached single-token forward.

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from captum_iglens import IGLens
+from captum_iglens.ig_lens import IGLens
 from captum_iglens.validate.ablation_hooks import hooked, target_probs
 
 __all__ = ["AblationCheckError", "AblationChecks", "compare"]

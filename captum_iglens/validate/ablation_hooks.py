@@ -13,16 +13,9 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.lens.hooks import hidden_of
+
 __all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
-
-
-def _hidden_of(output: object) -> Tensor:
-    """The residual stream ``[B, S, d]`` in a block's output (a tensor or a tuple)."""
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    raise TypeError(f"Cannot read the residual stream from a block output {type(output)}")
 
 
 def _with_hidden(output: object, hidden: Tensor) -> object:
@@ -83,7 +76,7 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
 
     def post(layer: int):
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
-            hidden = _hidden_of(output)
+            hidden = hidden_of(output)
             if layer in plan:
                 rows, repl = plan[layer]
                 hidden = hidden.clone()

@@ -31,8 +31,9 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.lens.hooks import hidden_of
+from captum_iglens.lens.state import input_device
 from captum_iglens.validate.ablation_hooks import (
-    _hidden_of,
     _with_hidden,
     _with_input,
     cache_tensors,
@@ -73,7 +74,7 @@ def trace_forward(model: nn.Module, blocks: nn.ModuleList, ids: Tensor, cache_kw
     """
     record: dict[int, Tensor] = {}
     kwargs = {"logits_to_keep": 1} if can_keep else {}
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     with hooked(blocks, {}, 0, record):
         out = model(ids[None].to(device), use_cache=True, **kwargs)
     cache = out.get(cache_kw) if cache_kw in out else out.get("past_key_values")
@@ -182,7 +183,7 @@ class _Growing:
 
     def output(self, layer: int):
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
-            hidden = _hidden_of(output)
+            hidden = hidden_of(output)
             if layer in self.changes:
                 rows, repl = self.changes[layer]
                 hidden = hidden.clone()
@@ -232,7 +233,7 @@ def run_rows(model: nn.Module, blocks: nn.ModuleList, cache_kw: str, trace: Any,
         ValueError: a plan without exactly one clean row (row 0).
     """
     n = len(blocks)
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     order = _batch_order(plan, n)
     if grow:
         joins, changes, sizes = _schedule(plan, n, order)

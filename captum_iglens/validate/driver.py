@@ -31,8 +31,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from torch import nn
 
-from captum_iglens import explain
-from captum_iglens.settings import VALIDATE_MAX_NEW_TOKENS, VALIDATE_THRESHOLD
+from captum_iglens.settings import VALIDATE_DONORS, VALIDATE_MAX_NEW_TOKENS, VALIDATE_THRESHOLD
+from captum_iglens.text.explain_prompt import explain
 from captum_iglens.validate.ablation import KINDS, BlockAblation, ReferenceSetError
 from captum_iglens.validate.inputs import (
     DEFAULT_MIN_REFERENCE,
@@ -66,7 +66,7 @@ __all__ = ["INTERVENTIONS", "METRICS", "PREDICTORS", "ValidationResult", "donor_
 DEFAULT_THRESHOLD = VALIDATE_THRESHOLD
 DEFAULT_MAX_NEW_TOKENS = VALIDATE_MAX_NEW_TOKENS
 #: Resample donors per prompt (their probabilities averaged).
-DEFAULT_DONORS = 4
+DEFAULT_DONORS = VALIDATE_DONORS
 #: Interventions of :func:`validate`: the ablation kinds and counterfactual patching.
 INTERVENTIONS: tuple[str, ...] = (*KINDS, "patch")
 

@@ -35,8 +35,8 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from captum_iglens import IGLens
 from captum_iglens._core.onset import onset_layer_indices
+from captum_iglens.ig_lens import IGLens
 from captum_iglens.validate.ablation import BlockAblation, ResidualTrace
 from captum_iglens.validate.ablation_checks import compare
 from captum_iglens.validate.ablation_hooks import eval_mode, hooked

@@ -1,4 +1,10 @@
-"""Model parts that change with call history, put back to their pristine state per call.
+"""Where a model computes and what state it carries between calls.
+
+Devices (accelerate offload included), dtype, the forward signature, train/eval modes and
+stateful buffers: every forward of this package runs the model in eval mode from its
+pristine state and hands it back as it was (:func:`model_state_preserved`).
+
+Stateful buffers: model parts that change with call history are put back per call.
 
 Dynamic NTK RoPE (``rope_type`` ``"dynamic"``, transformers' ``dynamic_rope_update``) grows
 its ``inv_freq`` buffer for the longest sequence it has seen and keeps it until a call
@@ -18,14 +24,84 @@ never recorded (teacher forcing instead).
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Optional
 
+import torch
 from torch import nn
 
-__all__ = ["dynamic_rope_prefixes", "pristine_rope"]
+from captum_iglens.lens.architectures import input_embeddings, unwrap_model
+
+__all__ = [
+    "dynamic_rope_prefixes",
+    "execution_device",
+    "forward_parameters",
+    "input_device",
+    "model_dtype",
+    "model_state_preserved",
+    "pristine_rope",
+]
 
 _FIELDS = ("inv_freq", "max_seq_len_cached", "attention_scaling")
+
+
+def execution_device(module: nn.Module) -> Optional[torch.device]:
+    """The device on which ``module`` computes.
+
+    For a module dispatched with accelerate (``device_map``, ``cpu_offload``,
+    ``disk_offload``) the parameters may live on the ``meta`` device while an
+    ``AlignDevicesHook`` moves them to its ``execution_device`` for each call: that device
+    is returned. Otherwise the device of the first parameter or buffer not on ``meta``;
+    ``None`` when there is none (a module without tensors).
+    """
+    for sub in module.modules():
+        hook = getattr(sub, "_hf_hook", None)
+        hooks = getattr(hook, "hooks", None) or ([hook] if hook is not None else [])
+        for one in hooks:
+            dev = getattr(one, "execution_device", None)
+            if dev is not None:
+                return torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.device.type != "meta":
+            return tensor.device
+    return None
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where token ids go: the input embedding's execution device (CPU when unknown)."""
+    emb = input_embeddings(model)
+    dev = execution_device(emb) if emb is not None else None
+    if dev is None:
+        dev = execution_device(model)
+    return dev if dev is not None else torch.device("cpu")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 if none)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            return param.dtype
+    return torch.float32
+
+
+@contextmanager
+def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` in eval mode, stateful parts pristine, and hand it back as it was.
+
+    Dropout must never change an attribution, nor must an earlier call's state (dynamic
+    RoPE's grown frequencies, see :func:`pristine_rope`). The
+    ``training`` flag of every submodule and those states are restored, so a user's mix of
+    modes survives.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        with pristine_rope(model):
+            yield model
+    finally:
+        for module, mode in modes:
+            module.training = mode
 
 
 def dynamic_rope_prefixes(module: nn.Module) -> list[str]:
@@ -90,3 +166,13 @@ def pristine_rope(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for module, prefix, state in saved:
             _restore(module, prefix, state)
+
+
+def forward_parameters(model: nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The parameters of the model's ``forward``, read through compile and adapter wrappers.
+
+    ``torch.compile(model)`` and PEFT adapters expose ``forward(*args, **kwargs)``; the inner
+    model's signature (:func:`~captum_iglens.lens.architectures.unwrap_model`) says which keyword
+    arguments (``position_ids``, ``use_cache``, ``logits_to_keep``) the call may pass.
+    """
+    return inspect.signature(unwrap_model(model).forward).parameters

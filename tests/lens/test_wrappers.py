@@ -115,3 +115,28 @@ def test_a_dynamically_quantized_head_is_refused_with_what_to_do() -> None:
                                    dtype=torch.qint8)
     out = IGLens(blocks_only).attribute_details(torch.tensor([[5, 6, 7, 8]]))
     assert torch.isfinite(out.attributions).all()
+
+
+def test_numpy_ints_are_ints_for_internal_batch_size() -> None:
+    import numpy as np
+
+    model = make_tiny("llama").eval()
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    lens = IGLens(model)
+    # the same rows per readout chunk, so the same operations: bit for bit
+    assert torch.equal(lens.attribute(ids, internal_batch_size=np.int64(4)),
+                       lens.attribute(ids, internal_batch_size=4))
+    with pytest.raises(ValueError, match="internal_batch_size must be an int >= 1"):
+        lens.attribute(ids, internal_batch_size=np.float64(4.0))
+
+
+def test_block_ablation_runs_through_data_parallel() -> None:
+    # the ablation reads the forward signature and the input device through the wrapper
+    # (it once read ``inspect.signature(model.forward)`` of the wrapper: ``*inputs``)
+    from captum_iglens.validate.ablation import BlockAblation
+
+    model = make_tiny("llama").eval()
+    wrapped = BlockAblation(nn.DataParallel(model))
+    bare = BlockAblation(model)
+    assert (wrapped._cache_kw, wrapped._can_keep) == (bare._cache_kw, bare._can_keep)
+    assert bare._can_keep  # the bare Llama forward takes logits_to_keep

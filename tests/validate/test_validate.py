@@ -279,10 +279,13 @@ def test_cli_argument_errors_come_before_loading(no_load, argv, capsys) -> None:
 
 
 def test_cli_donors_default_is_the_library_default() -> None:
-    from captum_iglens.cli import validate as cli_validate
-    from captum_iglens.validate.driver import DEFAULT_DONORS
+    import inspect
 
-    assert cli_validate.DEFAULT_DONORS == DEFAULT_DONORS
+    from captum_iglens.cli import parse_args
+    from captum_iglens.settings import VALIDATE_DONORS
+
+    library = inspect.signature(validate).parameters["donors"].default
+    assert parse_args(["validate"]).donors == library == VALIDATE_DONORS
 
 
 def test_cli_validate(smollm2, one_thread, monkeypatch, tmp_path, capsys) -> None:
