@@ -178,14 +178,8 @@ def capture_lens_path(
 ) -> PathCapture:
     """The path of ``lens`` (its model, blocks, readout and chosen layers) on ``inputs``.
 
-    See :func:`~captum_iglens._capture.capture_path` (and, for ``granularity="sublayer"``,
-    :func:`~captum_iglens._sublayer_path.capture_sublayer_path`).
+    See :func:`~captum_iglens._capture.capture_path`.
     """
-    if getattr(lens, "granularity", "block") == "sublayer":
-        from captum_iglens._sublayer_path import capture_sublayer_path
-
-        return capture_sublayer_path(lens, inputs, target, positions, baselines,
-                                     additional_forward_args, contrast, explained)[0]
     return capture_path(lens.model, lens.decoder_blocks, lens.readout, lens.layer_indices,
                         inputs, target, positions, baselines, additional_forward_args,
                         contrast, explained)
@@ -205,12 +199,6 @@ def run_lens(
         (output, single): the :class:`IGLensOutput` and whether one int position was given.
     """
     check_estimator(method, n_steps)
-    if getattr(lens, "granularity", "block") == "sublayer":
-        from captum_iglens._sublayer_path import sublayer_output
-
-        return sublayer_output(lens, inputs, baselines, target, additional_forward_args,
-                               n_steps, method, readout_chunk(lens, internal_batch_size),
-                               positions, top_k, contrast, explained)
     cap = capture_lens_path(lens, inputs, target, positions, baselines,
                             additional_forward_args, contrast, explained)
     out = output_from_path(lens, cap, method, n_steps, readout_chunk(lens, internal_batch_size),

@@ -22,11 +22,18 @@ import torch
 from torch import Tensor
 
 from captum_iglens._capture import PathCapture, capture_path
+from captum_iglens._pipeline import (
+    capture_lens_path,
+    check_estimator,
+    output_from_path,
+    readout_chunk,
+    run_lens,
+)
 from captum_iglens._sublayer import capture_half_residuals
 from captum_iglens.settings import GRANULARITIES
 
-__all__ = ["capture_sublayer_path", "check_granularity", "sublayer_node_indices",
-           "sublayer_output"]
+__all__ = ["capture_granular", "capture_sublayer_path", "check_granularity", "run_granular",
+           "sublayer_node_indices", "sublayer_output"]
 
 
 def check_granularity(granularity: object, heads: object) -> None:
@@ -131,8 +138,6 @@ def sublayer_output(lens: Any, inputs: Tensor, baselines: Any, target: Any,
         ValueError: head credits of a ragged batch (``explained``).
         RuntimeError: head credits inside ``torch.inference_mode()`` (they need gradients).
     """
-    from captum_iglens._pipeline import output_from_path
-
     if lens.heads and explained is not None:
         raise ValueError("heads=True is not available for ragged batches (explained=...): "
                          "explain those rows one at a time.")
@@ -165,3 +170,27 @@ def _heads_of(lens: Any, cap: PathCapture, out: Any, head_inputs: dict[int, Tens
     path = replace(cap.path, log=lens.units == "log-probability")
     return head_credits(lens.readout, path, values, segments, pieces.to(device), n_steps,
                         chunk)
+
+
+def run_granular(lens: Any, inputs: Tensor, baselines: Any, target: Any,
+                 additional_forward_args: Any, n_steps: int, method: str,
+                 internal_batch_size: Optional[int], positions: Any, top_k: int = 0,
+                 contrast: Any = None, explained: Optional[Tensor] = None) -> tuple[Any, bool]:
+    """:func:`~captum_iglens._pipeline.run_lens`, or :func:`sublayer_output` for sub-layers."""
+    if lens.granularity != "sublayer":
+        return run_lens(lens, inputs, baselines, target, additional_forward_args, n_steps,
+                        method, internal_batch_size, positions, top_k, contrast, explained)
+    check_estimator(method, n_steps)
+    return sublayer_output(lens, inputs, baselines, target, additional_forward_args, n_steps,
+                           method, readout_chunk(lens, internal_batch_size), positions, top_k,
+                           contrast, explained)
+
+
+def capture_granular(lens: Any, inputs: Tensor, target: Any, positions: Any, baselines: Any,
+                     additional_forward_args: Any, contrast: Any = None) -> PathCapture:
+    """:func:`~captum_iglens._pipeline.capture_lens_path`, sub-layer nodes included."""
+    if lens.granularity != "sublayer":
+        return capture_lens_path(lens, inputs, target, positions, baselines,
+                                 additional_forward_args, contrast)
+    return capture_sublayer_path(lens, inputs, target, positions, baselines,
+                                 additional_forward_args, contrast)[0]

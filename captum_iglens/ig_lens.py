@@ -23,9 +23,14 @@ from captum_iglens._inputs import (
     resolve_layer_indices,
 )
 from captum_iglens._model_changes import ModelStructure, check_unchanged
-from captum_iglens._pipeline import capture_lens_path, delta_of, readout_chunk, run_lens
+from captum_iglens._pipeline import delta_of, readout_chunk
 from captum_iglens._sublayer import half_block_site
-from captum_iglens._sublayer_path import check_granularity, sublayer_node_indices
+from captum_iglens._sublayer_path import (
+    capture_granular,
+    check_granularity,
+    run_granular,
+    sublayer_node_indices,
+)
 from captum_iglens.architectures import (
     input_embeddings,
     resolve_decoder_blocks,
@@ -294,7 +299,7 @@ class IGLens(GradientAttribution):
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
         check_unchanged(self)
-        out, single = run_lens(
+        out, single = run_granular(
             self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, contrast=contrast,
         )
@@ -347,7 +352,7 @@ class IGLens(GradientAttribution):
         """
         check_top_k(top_k, vocab_size(self.model))
         check_unchanged(self)
-        out, _ = run_lens(
+        out, _ = run_granular(
             self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, int(top_k), contrast, explained,
         )
@@ -393,9 +398,9 @@ class IGLens(GradientAttribution):
         """
         base = "mean" if start_point is None else start_point
         check_unchanged(self)
-        out, single = run_lens(self, end_point, base, target, additional_forward_args, 2,
-                               "prediction_aware", internal_batch_size, positions,
-                               contrast=contrast)
+        out, single = run_granular(self, end_point, base, target, additional_forward_args, 2,
+                                   "prediction_aware", internal_batch_size, positions,
+                                   contrast=contrast)
         return delta_of(attributions, out, single)
 
     def path_probabilities(
@@ -424,8 +429,8 @@ class IGLens(GradientAttribution):
         """
         if not is_int(n_steps) or n_steps < 1:
             raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
-        cap = capture_lens_path(self, inputs, target, positions, baselines,
-                                additional_forward_args, contrast)
+        cap = capture_granular(self, inputs, target, positions, baselines,
+                               additional_forward_args, contrast)
         path = replace(cap.path, log=self.units == "log-probability")
         return grid_probs(self.readout, path, n_steps, readout_chunk(self, internal_batch_size))
 
