@@ -107,3 +107,16 @@ def test_cli_explain_run_and_summarize_sublayer(tiny_folder, tmp_path, capsys) -
     capsys.readouterr()
     assert main(["summarize", str(results)]) == 0
     assert "L3.mlp" in capsys.readouterr().out
+
+
+def test_captum_llm_attribution_names_sublayer_columns(tiny) -> None:
+    from captum.attr import TextTokenInput
+
+    from captum_iglens import LLMIGLensAttribution
+
+    model, tok = tiny
+    lens = IGLens(model, granularity="sublayer")
+    res = LLMIGLensAttribution(lens, tok).attribute(TextTokenInput(PROMPT, tok), target=" w7 w8")
+    assert res.input_tokens[:2] == ["L1.attn", "L1.mlp"]
+    assert res.token_attr.shape == (2, 6)
+    assert_complete(res)
