@@ -207,3 +207,40 @@ def test_gradient_estimator_and_onset_on_sublayer_nodes() -> None:
     assert torch.equal(delta, lens.compute_convergence_delta(attr, "mean", ids))
     exact = lens.attribute(ids)
     assert set(lens.onset_layers(exact).tolist()) <= set(lens.node_indices)
+
+
+def test_gradient_estimate_on_sublayer_nodes_converges() -> None:
+    model = make_family("llama", n_blocks=4).eval()
+    lens = IGLens(model, granularity="sublayer")
+    ids = _ids()
+    with pytest.warns(UserWarning, match="not converged"):
+        coarse = lens.attribute(ids, method="gausslegendre", n_steps=2,
+                                return_convergence_delta=True)[1]
+    fine = lens.attribute(ids, method="gausslegendre", n_steps=64,
+                          return_convergence_delta=True)[1]
+    assert fine.abs().max() < coarse.abs().max() / 10
+
+
+@pytest.mark.numerics
+def test_smollm2_sublayer_and_heads(smollm2) -> None:
+    """All 30 blocks of the real model: halves add up to the block credits within the
+    readout bounds, everything to delta_p, the 9 heads (+ rest) to each attention credit."""
+    from captum_iglens.text import build_prompt_ids
+
+    model, tokenizer = smollm2
+    ids = torch.tensor([build_prompt_ids(tokenizer, "What is the capital of Vietnam?")[0]])
+    block_lens = IGLens(model)
+    block = block_lens.attribute_details(ids)
+    lens = IGLens(model, granularity="sublayer", heads=True)
+    sub = lens.attribute_details(ids, target=block.target, n_steps=4)
+    assert sub.attributions.shape == (1, 1, 60) and sub.head_credits.shape == (1, 1, 30, 9)
+    assert_complete(sub)
+    attn, mlp = _pairs(sub.attributions, False)
+    cap = capture_lens_path(block_lens, ids, block.target, -1, "mean", None)
+    tol = readout_tolerance(block_lens.readout, cap.path.nodes[0, 0])
+    levels = tol[:, int(block.target[0, 0])]  # [31]
+    gap = (attn.double() + mlp.double() - block.attributions.double()).abs()[0, 0]
+    assert (gap <= levels[1:] + levels[:-1] + f32_tol(attn, mlp, block.attributions)[0, 0]).all()
+    parts = torch.cat([sub.head_credits, sub.head_rest[..., None]], -1)
+    gap = (parts.double().sum(-1) - attn.double()).abs()
+    assert (gap <= completeness_tol(parts, attn)).all()
