@@ -23,7 +23,7 @@ from captum_iglens._inputs import (
     resolve_layer_indices,
 )
 from captum_iglens._model_changes import ModelStructure, check_unchanged
-from captum_iglens._pipeline import delta_of, readout_chunk
+from captum_iglens._pipeline import delta_of, readout_chunk, run_lens
 from captum_iglens._sublayer import half_block_site
 from captum_iglens._sublayer_path import (
     capture_granular,
@@ -189,6 +189,11 @@ class IGLens(GradientAttribution):
             return sublayer_node_indices(self.layer_indices)
         return self.layer_indices
 
+    @property
+    def _run(self) -> Callable[..., tuple[IGLensOutput, bool]]:
+        """The pipeline of this granularity (block: the one every earlier release ran)."""
+        return run_lens if self.granularity == "block" else run_granular
+
     # ------------------------------------------------------------------ public API
     @overload
     def attribute(
@@ -299,7 +304,7 @@ class IGLens(GradientAttribution):
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
         check_unchanged(self)
-        out, single = run_granular(
+        out, single = self._run(
             self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, contrast=contrast,
         )
@@ -352,7 +357,7 @@ class IGLens(GradientAttribution):
         """
         check_top_k(top_k, vocab_size(self.model))
         check_unchanged(self)
-        out, _ = run_granular(
+        out, _ = self._run(
             self, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, int(top_k), contrast, explained,
         )
@@ -398,9 +403,9 @@ class IGLens(GradientAttribution):
         """
         base = "mean" if start_point is None else start_point
         check_unchanged(self)
-        out, single = run_granular(self, end_point, base, target, additional_forward_args, 2,
-                                   "prediction_aware", internal_batch_size, positions,
-                                   contrast=contrast)
+        out, single = self._run(self, end_point, base, target, additional_forward_args, 2,
+                                "prediction_aware", internal_batch_size, positions,
+                                contrast=contrast)
         return delta_of(attributions, out, single)
 
     def path_probabilities(
