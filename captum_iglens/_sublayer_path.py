@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens._capture import PathCapture, capture_path
+from captum_iglens._heads import capture_head_inputs, head_credits, head_pieces
 from captum_iglens._pipeline import (
     capture_lens_path,
     check_estimator,
@@ -103,8 +104,6 @@ def capture_sublayer_path(
     Raises:
         As :func:`~captum_iglens._capture.capture_path`.
     """
-    from captum_iglens._heads import capture_head_inputs
-
     half: dict[int, Tensor] = _FirstWrite()
     head_inputs: dict[int, Tensor] = _FirstWrite()
     chosen = [index for index in lens.layer_indices if index]
@@ -157,8 +156,6 @@ def sublayer_output(lens: Any, inputs: Tensor, baselines: Any, target: Any,
 def _heads_of(lens: Any, cap: PathCapture, out: Any, head_inputs: dict[int, Tensor],
               n_steps: int, chunk: int) -> tuple[Tensor, Tensor]:
     """Head credits ``[B, P, A, H]`` and rests ``[B, P, A]`` of the attention segments."""
-    from captum_iglens._heads import head_credits, head_pieces
-
     nodes = lens.node_indices
     segments = [m + 1 for m, index in enumerate(nodes) if index % 2]
     device = cap.path.nodes.device

@@ -452,6 +452,7 @@ class IGLens(GradientAttribution):
                 first layer holding ``frac`` of the cumulative ``|credit|``).
 
         Returns:
-            Tensor: ``[...]`` int64 hidden-state indices (values of ``layer_indices``).
+            Tensor: ``[...]`` int64 hidden-state indices (values of ``node_indices``: sub-layer
+            node indices with ``granularity="sublayer"``).
         """
         return onset_layer_indices(attributions, self.node_indices, frac, rule)
