@@ -105,8 +105,14 @@ def test_cli_explain_run_and_summarize_sublayer(tiny_folder, tmp_path, capsys) -
     assert all(line["status"] == "ok" and line["granularity"] == "sublayer"
                for line in lines if "status" in line)
     capsys.readouterr()
-    assert main(["summarize", str(results)]) == 0
+    html, plot, summary = tmp_path / "s.html", tmp_path / "s.png", tmp_path / "s.json"
+    assert main(["summarize", str(results), "--json", str(summary), "--plot", str(plot),
+                 "--html", str(html)]) == 0
     assert "L3.mlp" in capsys.readouterr().out
+    data = json.loads(summary.read_text())
+    assert data["granularity"] == "sublayer"
+    assert [row["name"] for row in data["per_layer"]][:2] == ["L1.attn", "L1.mlp"]
+    assert "L1.attn" in html.read_text() and plot.stat().st_size > 1000
 
 
 def test_captum_llm_attribution_names_sublayer_columns(tiny) -> None:
