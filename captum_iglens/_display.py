@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from captum_iglens._format import layer_names
+
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
 
@@ -60,14 +62,16 @@ def display_attributions(result: IGLensResult, display: str) -> tuple[Tensor, st
     return log_levels.diff(dim=-1).float(), "change of log p over the segment (nats)"
 
 
-def layer_labels(layer_indices: Sequence[int]) -> list[str]:
+def layer_labels(layer_indices: Sequence[int], granularity: str = "block") -> list[str]:
     """Display names of the layer columns: ``"b→emb"`` for index 0, ``"L<l>"`` otherwise.
 
     Index 0 (the embedding output) is always the first chosen layer: its credit
     ``f(h_0) - f(b)`` is the move from the baseline to the embedding, which no decoder
-    block made; the label says so.
+    block made; the label says so. Sub-layer columns (``granularity="sublayer"``) are
+    ``"L<l>.attn"`` and ``"L<l>.mlp"`` (:func:`~captum_iglens._format.layer_names`).
     """
-    return ["b→emb" if i == 0 else f"L{i}" for i in layer_indices]
+    return ["b→emb" if i == 0 else name
+            for i, name in zip(layer_indices, layer_names(layer_indices, granularity), strict=True)]
 
 
 def visualization_records(

@@ -15,8 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["as_cpu", "fmt", "layer_names", "num", "readout_words", "shorten", "total_symbol"]
 
 
-def layer_names(layer_indices: Sequence[int]) -> list[str]:
-    """``"emb"`` for hidden-state index 0, ``"L<l>"`` for the output of block ``l``."""
+def layer_names(layer_indices: Sequence[int], granularity: str = "block") -> list[str]:
+    """``"emb"`` for hidden-state index 0, ``"L<l>"`` for the output of block ``l``.
+
+    With ``granularity="sublayer"`` the indices are sub-layer node indices (0: ``"emb"``;
+    ``2l - 1``: ``"L<l>.attn"``, the residual after block ``l``'s attention; ``2l``:
+    ``"L<l>.mlp"``, the block's output ``h_l``).
+    """
+    if granularity == "sublayer":
+        return ["emb" if i == 0 else f"L{(i + 1) // 2}.{'attn' if i % 2 else 'mlp'}"
+                for i in layer_indices]
     return ["emb" if i == 0 else f"L{i}" for i in layer_indices]
 
 

@@ -161,7 +161,7 @@ class LLMIGLensAttribution(LLMGradientAttribution):
         p_baseline = out.p_baseline[0].detach().float().cpu()
         token_attr, baseline_attr = split_baseline_readout(attributions, p_baseline)
         return IGLensLLMAttributionResult(
-            input_tokens=layer_names(lens.layer_indices),
+            input_tokens=layer_names(out.layer_indices, out.granularity),
             output_tokens=convert_ids_to_pretty_tokens(target_tokens.cpu(), self.tokenizer),
             seq_attr=token_attr.sum(0),
             token_attr=token_attr,

@@ -20,6 +20,7 @@ __all__ = [
     "CAPTUM_METHODS",
     "DEFAULT_BASELINE",
     "DEFAULT_CHUNK",
+    "DEFAULT_GRANULARITY",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_MAX_RECORDS",
     "DEFAULT_METHOD",
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_ONSET_FRAC",
     "DEFAULT_ONSET_RULE",
     "DEFAULT_UNITS",
+    "GRANULARITIES",
     "METHODS",
     "ONSET_RULES",
     "UNITS",
@@ -55,6 +57,10 @@ DEFAULT_BASELINE = "mean"
 #: The readout ``f`` that is decomposed: the target's probability or its log (nats).
 UNITS: tuple[str, ...] = ("probability", "log-probability")
 DEFAULT_UNITS = "probability"
+#: Path nodes: one per chosen block (``"block"``), or two, after its attention and after its
+#: MLP (``"sublayer"``: attention and MLP credits that add up to the block's).
+GRANULARITIES: tuple[str, ...] = ("block", "sublayer")
+DEFAULT_GRANULARITY = "block"
 #: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
 ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
 DEFAULT_ONSET_RULE = "sustained"

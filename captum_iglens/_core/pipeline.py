@@ -149,11 +149,12 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
         p_baseline=p_base,
         target=cap.path.target,
         positions=cap.positions,
-        layer_indices=lens.layer_indices,
+        layer_indices=getattr(lens, "node_indices", lens.layer_indices),
         baseline=cap.baseline,
         model_argmax=cap.model_argmax,
         units=lens.units,
         contrast=path.contrast,
+        granularity=getattr(lens, "granularity", "block"),
     )
     if top_k:
         out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)

@@ -27,6 +27,7 @@ __all__ = [
     "add_check",
     "add_estimator_options",
     "add_generation_options",
+    "add_granularity_options",
     "add_layer_options",
     "add_model_options",
     "add_output_options",
@@ -111,6 +112,33 @@ def add_layer_options(parser: argparse.ArgumentParser, default_k: Optional[int] 
         k_help = f"k evenly spaced layers (default: {default_k} when --layers is not given)"
     parser.add_argument("--k", type=at_least(1, "--k"), default=None, help=k_help)
     add_check(parser, _check_layers_or_k)
+
+
+def add_granularity_options(parser: argparse.ArgumentParser, heads: bool = True) -> None:
+    """``--granularity`` (block or sublayer) and, with ``heads``, ``--heads``.
+
+    Args:
+        parser (ArgumentParser): A command's parser.
+        heads (bool, optional): Add ``--heads`` (per-head credits; needs
+            ``--granularity sublayer``). Default: True.
+    """
+    from captum_iglens.settings import DEFAULT_GRANULARITY, GRANULARITIES
+
+    parser.add_argument("--granularity", choices=GRANULARITIES, default=DEFAULT_GRANULARITY,
+                        help="block (default): one credit per layer; sublayer: an attention "
+                        "credit and an MLP credit per block (L3.attn, L3.mlp), adding up to "
+                        "the block's")
+    if heads:
+        parser.add_argument("--heads", action="store_true",
+                            help="with --granularity sublayer: split each attention credit "
+                            "over the heads (JSON head_credits; one backward pass per step, "
+                            "--n-steps steps; Llama-like families)")
+        add_check(parser, _check_heads)
+
+
+def _check_heads(args: argparse.Namespace) -> None:
+    if args.heads and args.granularity != "sublayer":
+        raise UsageError("--heads needs --granularity sublayer")
 
 
 def _check_layers_or_k(args: argparse.Namespace) -> None:

@@ -43,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     opts.add_prompt_options(parser, sources=True)
     opts.add_model_options(parser)
     opts.add_layer_options(parser)
+    opts.add_granularity_options(parser)
     opts.add_estimator_options(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
@@ -167,6 +168,8 @@ def _explainer(
             top_k=args.top_k,
             template_kwargs=opts.template_kwargs(args),
             contrast=args.contrast,
+            granularity=args.granularity,
+            heads=args.heads,
         )
 
     def _print(result: Any, prompt: str) -> None:

@@ -71,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(one large model across the GPUs of one process)")
     opts.add_model_options(parser)
     opts.add_layer_options(parser)
+    opts.add_granularity_options(parser, heads=False)
     opts.add_estimator_options(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
     if procs.is_main:
         opts.warn_unused_template_date(args, tokenizer)
-    lens = IGLens(model, layers=layers, units=args.units)
+    lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity)
     settings = RunSettings(
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),

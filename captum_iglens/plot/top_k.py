@@ -83,7 +83,8 @@ def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in:
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     ax.set_xlim(-0.5, k - 0.5)
-    ax.set_xticks(range(k), labels=layer_labels(result.layer_indices), rotation=90, fontsize=7)
+    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
     ax.tick_params(left=False, labelleft=False)
     ax.set_xlabel("layer")
     ax.set_title("logit-lens top-1 token\n(bold green = the answer token)", fontsize=9)
@@ -157,7 +158,8 @@ def plot_top_k(
         ax.set_xticks(range(ranks), labels=[f"#{r + 1}" for r in range(ranks)], fontsize=7)
         ax.set_title(f"answer token {t}: {fit_label(result.tokens[t], 72 * _CELL_IN * ranks, 8)}",
                      fontsize=8)
-    axes[0].set_yticks(range(k), labels=layer_labels(result.layer_indices), fontsize=fontsize)
+    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    axes[0].set_yticks(range(k), labels=names, fontsize=fontsize)
     axes[0].set_ylabel("layer")
     fig.colorbar(image, ax=list(axes), label="logit-lens probability")
     fig.suptitle(f"logit-lens top-{ranks} tokens at each layer (bold green = the answer "

@@ -62,6 +62,12 @@ class IGLensResult:
         contrast_ids (list[int], optional): One foil token id per answer token; ``None``
             when the result is not contrastive.
         contrast_tokens (list[str], optional): The foils, readable (one per answer token).
+        granularity (str): ``"block"`` or ``"sublayer"``: then ``layer_indices`` (and
+            ``onset_layers``) are sub-layer node indices, ``2l - 1`` for ``"L<l>.attn"``
+            and ``2l`` for ``"L<l>.mlp"`` (:attr:`layer_names`; the JSON's
+            ``"layer_names"``).
+        head_credits (Tensor, optional): ``[T, A, H]`` per-head credits of the attention
+            segments (``heads=True``); ``head_rest`` ``[T, A]`` what the heads do not hold.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -102,6 +108,9 @@ class IGLensResult:
     top_k_tokens: Optional[list] = None
     contrast_ids: Optional[list[int]] = None
     contrast_tokens: Optional[list[str]] = None
+    granularity: str = "block"
+    head_credits: Optional[Tensor] = None
+    head_rest: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
@@ -137,8 +146,8 @@ class IGLensResult:
 
     @property
     def layer_names(self) -> list[str]:
-        """``"emb"`` for index 0, ``"L<l>"`` for the output of block ``l``."""
-        return layer_names(self.layer_indices)
+        """``"emb"`` for index 0, ``"L<l>"`` for block ``l`` (sub-layer: ``"L<l>.attn"``)."""
+        return layer_names(self.layer_indices, self.granularity)
 
     def _token_dict(self, t: int) -> dict[str, Any]:
         entry = {
@@ -159,6 +168,9 @@ class IGLensResult:
             entry["contrast_id"] = int(self.contrast_ids[t])
             entry["contrast_token"] = (self.contrast_tokens[t] if self.contrast_tokens
                                        is not None else None)
+        if self.head_credits is not None and self.head_rest is not None:
+            entry["head_credits"] = self.head_credits[t].tolist()
+            entry["head_rest"] = self.head_rest[t].tolist()
         if self.top_k_ids is not None and self.top_k_probs is not None:
             entry["top_k"] = [
                 [{"token_id": int(i), "p": float(p)}
@@ -198,12 +210,14 @@ class IGLensResult:
             "onset_rule": self.onset_rule,
             "tokens": [self._token_dict(t) for t in range(len(self.tokens))],
             "completeness_max_abs_error": self.completeness_error,
+            **({} if self.granularity == "block" else
+               {"granularity": self.granularity, "layer_names": self.layer_names}),
             **self.extras,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IGLensResult:
-        """Rebuild a result from :meth:`to_dict` output (top-k lists are not restored).
+        """Rebuild a result from :meth:`to_dict` output (not top-k lists, head credits).
 
         Raises:
             KeyError: a required field is missing.
@@ -280,7 +294,8 @@ class IGLensResult:
         """
         from captum_iglens._display import layer_labels, visualization_records
 
-        return visualization_records(self.attributions, layer_labels(self.layer_indices),
+        return visualization_records(self.attributions,
+                                     layer_labels(self.layer_indices, self.granularity),
                                      self.tokens, self.p_final, self.convergence_delta,
                                      normalize)
 

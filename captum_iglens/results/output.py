@@ -42,6 +42,17 @@ class IGLensOutput:
         top_k_ids (Tensor, optional): ``[B, P, k, K]`` their token ids.
         contrast (Tensor, optional): ``[B, P]`` int64 foil token ids of a contrastive target
             (``attribute(..., contrast=...)``); ``None`` when not contrastive.
+        granularity (str): ``"block"`` (``layer_indices`` are hidden-state indices) or
+            ``"sublayer"`` (they are sub-layer node indices: ``2L - 1`` for ``L.attn``,
+            ``2L`` for ``L.mlp`` = ``h_L``, 0 for the embedding; names from
+            :func:`~captum_iglens._format.layer_names`).
+        head_credits (Tensor, optional): ``[B, P, A, H]`` credit of each head ``H`` in the
+            attention segment of each of the ``A`` chosen blocks ``L >= 1`` (``heads=True``).
+        head_rest (Tensor, optional): ``[B, P, A]`` what the heads do not hold: the output
+            projection's bias, the path before the segment's block (the move from the
+            baseline for the first chosen block, skipped blocks between chosen layers), and
+            rounding;
+            ``head_credits.sum(-1) + head_rest`` is the attention credit.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -61,6 +72,9 @@ class IGLensOutput:
     top_k_probs: Optional[Tensor] = None
     top_k_ids: Optional[Tensor] = None
     contrast: Optional[Tensor] = None
+    granularity: str = "block"
+    head_credits: Optional[Tensor] = None
+    head_rest: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""

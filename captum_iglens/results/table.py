@@ -32,8 +32,11 @@ def _row_names(result: IGLensResult) -> tuple[str, str, str]:
     return "lens lp", total, "log p"
 
 
-def _head(result: IGLensResult, cols: list[int]) -> list[str]:
-    """Token labels (with the foils under them when contrastive) and the column names."""
+def _head(result: IGLensResult, cols: list[int], w: int = 6) -> list[str]:
+    """Token labels (with the foils under them when contrastive) and the column names.
+
+    ``w`` is the width of the row-name column (8 for sub-layer names such as ``L30.attn``).
+    """
     def label(t: int) -> str:
         mark = "" if not result.is_argmax or result.is_argmax[t] else "*"
         return shorten(repr(result.tokens[t]) + mark, _TOKEN)
@@ -43,20 +46,22 @@ def _head(result: IGLensResult, cols: list[int]) -> list[str]:
         text = repr(result.contrast_tokens[t]) if result.contrast_tokens else f"id {ids[t]}"
         return shorten(text, _TOKEN)
 
-    head = f"{'layer':>6} |" + "".join(f" {label(t):>{_TOKEN}} |" for t in cols)
+    head = f"{'layer':>{w}} |" + "".join(f" {label(t):>{_TOKEN}} |" for t in cols)
     lines = [head]
     if result.contrastive:
-        lines.append(f"{'vs':>6} |" + "".join(f" {foil(t):>{_TOKEN}} |" for t in cols))
+        lines.append(f"{'vs':>{w}} |" + "".join(f" {foil(t):>{_TOKEN}} |" for t in cols))
     level = _row_names(result)[0]
-    lines.append(f"{'':>6} |" + "".join(f" {'IG':>{_CELL}} {level:>{_CELL}} |" for _ in cols))
+    lines.append(f"{'':>{w}} |" + "".join(f" {'IG':>{_CELL}} {level:>{_CELL}} |" for _ in cols))
     return lines + ["-" * len(head)]
 
 
 def _block(result: IGLensResult, cols: list[int]) -> list[str]:
     from captum_iglens._display import layer_labels
 
-    names, (_, total, final) = layer_labels(result.layer_indices), _row_names(result)
-    lines = _head(result, cols)
+    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    _, total, final = _row_names(result)
+    w = max([6, *(len(name) for name in names)])
+    lines = _head(result, cols, w)
     rule, signed = lines[-1], result.contrastive
     for j, name in enumerate(names):
         cells = "".join(
@@ -64,7 +69,7 @@ def _block(result: IGLensResult, cols: list[int]) -> list[str]:
             f" {format_number(float(result.lens_probs[t, j]), signed=signed):>{_CELL}} |"
             for t in cols
         )
-        lines.append(f"{name:>6} |" + cells)
+        lines.append(f"{name:>{w}} |" + cells)
         if j == 0 and result.layer_indices[0] == 0 and len(names) > 1:
             lines.append(rule.replace("-", "·"))  # the move to h_0, apart from the blocks
     lines.append(rule)
@@ -73,10 +78,10 @@ def _block(result: IGLensResult, cols: list[int]) -> list[str]:
         (total, [float(result.delta_p[t]) for t in cols]),
         (final, [float(result.p_final[t]) for t in cols]),
     ):
-        lines.append(f"{key:>6} |" + "".join(
+        lines.append(f"{key:>{w}} |" + "".join(
             f" {format_number(v, digits=6):>{_TOKEN}} |" for v in values))
     onsets = [names[result.layer_indices.index(result.onset_layers[t])] for t in cols]
-    lines.append(f"{'onset':>6} |" + "".join(f" {o:>{_TOKEN}} |" for o in onsets))
+    lines.append(f"{'onset':>{w}} |" + "".join(f" {o:>{_TOKEN}} |" for o in onsets))
     return lines + [""]
 
 

@@ -260,7 +260,8 @@ class _Runner:
         prompts = [job.rendered.ids for job in todo]
         baselines = s.attribute_kwargs.get("baselines", "mean")
         recording = None
-        if can_record(baselines, self.lens.model):
+        # a recording holds block outputs only: sub-layer lenses re-run prompt + answer
+        if can_record(baselines, self.lens.model) and self.lens.granularity == "block":
             recording = generate_recording(self.lens, self.tokenizer, prompts,
                                            s.max_new_tokens, baselines)
             answers = recording.answers
@@ -418,7 +419,8 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
         "n_steps": attribute.get("n_steps", 50), "baselines": attribute.get("baselines", "mean"),
         "max_new_tokens": settings.max_new_tokens, "chat_template": settings.chat_template,
         "template_kwargs": settings.template_kwargs, "onset_frac": settings.onset_frac,
-        "onset_rule": settings.onset_rule, "top_k": settings.top_k, "stride": settings.stride})
+        "onset_rule": settings.onset_rule, "top_k": settings.top_k, "stride": settings.stride,
+        **({} if lens.granularity == "block" else {"granularity": lens.granularity})})
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     out.stamp = {"run": fingerprint}

@@ -70,7 +70,7 @@ def _legend(summary: RunSummary, colours: dict[int, tuple[str, str]]) -> str:
 
 def _token_span(token: dict, colours: dict[int, tuple[str, str]], summary: RunSummary) -> str:
     bg, fg = colours.get(int(token["onset_layer"]), ("#ccc", "#000"))
-    onset = layer_names([int(token["onset_layer"])])[0]
+    onset = layer_names([int(token["onset_layer"])], summary.granularity)[0]
     final = ("F" if summary.contrastive else "p" if summary.units == "probability"
              else "log p")
     tip = (f"onset {onset}, {final} {token.get('p_final', float('nan')):.4g}, "

@@ -77,7 +77,10 @@ def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
         layers = tuple(int(i) for i in record["layers"])
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{record_name(record)}: no valid 'layers' list ({err})") from err
-    return layers, str(record.get("units", "probability")), is_contrastive(record)
+    units = str(record.get("units", "probability"))
+    if record.get("granularity", "block") != "block":  # sub-layer node indices: apart
+        units += f", granularity {record['granularity']}"
+    return layers, units, is_contrastive(record)
 
 
 def is_contrastive(record: dict) -> bool:
@@ -207,6 +210,8 @@ class RunSummary:
         seed (int): Bootstrap seed.
         confidence (float): Confidence level of the CIs.
         torn (int): Torn lines skipped while loading.
+        granularity (str): ``"block"`` or ``"sublayer"`` (``layers`` are then sub-layer node
+            indices, named ``L<l>.attn`` / ``L<l>.mlp``).
     """
 
     layers: list[int]
@@ -231,11 +236,12 @@ class RunSummary:
     seed: int = 0
     confidence: float = 0.95
     torn: int = 0
+    granularity: str = "block"
 
     @property
     def layer_names(self) -> list[str]:
-        """``"emb"`` for index 0, ``"L<l>"`` for the output of block ``l``."""
-        return layer_names(self.layers)
+        """``"emb"`` for index 0, ``"L<l>"`` for block ``l`` (sub-layer: ``"L<l>.attn"``)."""
+        return layer_names(self.layers, self.granularity)
 
     @property
     def credit_words(self) -> str:
@@ -258,6 +264,7 @@ class RunSummary:
             "document_records": self.n_documents, "torn_lines_skipped": self.torn,
             "layers": self.layers, "units": self.units, "contrastive": self.contrastive,
             "settings": self.settings, "per_layer": per_layer,
+            **({} if self.granularity == "block" else {"granularity": self.granularity}),
             "mean_delta_p": num(self.mean_delta_p),
             "bootstrap": {"n_boot": self.n_boot, "seed": self.seed,
                           "confidence": self.confidence, "method": "percentile",
@@ -319,6 +326,7 @@ def summarize(
     if not mixed_runs:
         check_one_run(records)
     layers_t, units, contrastive = _check_compatible(records)
+    units, _, granularity = units.partition(", granularity ")
     layers = list(layers_t)
     arrays = [_arrays(record, layers) for record in records]
     pooled = _pooled(arrays, len(layers))
@@ -341,6 +349,7 @@ def summarize(
         total_seconds=float(sum(r["seconds"] for r in with_seconds)),
         failures=[_failure(e) for e in errors], settings=_settings(records),
         n_boot=n_boot, seed=seed, confidence=confidence, torn=torn,
+        granularity=granularity or "block",
     )
 
 

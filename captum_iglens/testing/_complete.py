@@ -39,7 +39,7 @@ def _from_output(out: IGLensOutput) -> _Credits:
             for b in range(batch) for p in range(n_pos)]
     levels = torch.cat([out.p_baseline[..., None], out.lens_probs], -1).reshape(-1, k + 1)
     return _Credits(out.attributions.reshape(-1, k), out.delta_p.reshape(-1), rows,
-                    layer_names(out.layer_indices), levels)
+                    layer_names(out.layer_indices, out.granularity), levels)
 
 
 def _from_result(res: IGLensResult) -> _Credits:

@@ -163,10 +163,14 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
 
     Raises:
         ValueError: jobs that are not the recording's rows, a mix of contrastive and plain
-            jobs, an unknown estimator, a bad ``top_k``; and as
+            jobs, an unknown estimator, a bad ``top_k``, a sub-layer lens; and as
             :meth:`~captum_iglens.IGLens.attribute`.
         TypeError: an argument :meth:`~captum_iglens.IGLens.attribute` has not.
     """
+    if getattr(lens, "granularity", "block") != "block":
+        raise ValueError("A recording holds the block outputs only: explain a "
+                         "granularity='sublayer' lens with explain_ids (one teacher-forced "
+                         "forward), not from a recording.")
     unknown = set(attribute_kwargs) - _RECORDED_SETTINGS
     if unknown:
         raise TypeError(f"Unexpected arguments {sorted(unknown)}: use "

@@ -238,7 +238,9 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
     baselines = attribute_kwargs.get("baselines", "mean")
     _check_document_baseline(baselines, len(chosen), len(ids))
     refusal = cache_refusal(lens.model, len(ids), baselines)
-    run = _one_pass if one_pass and refusal is None else _rerun
+    # sub-layer nodes are captured by a whole forward (attribute_details): re-run
+    block = getattr(lens, "granularity", "block") == "block"
+    run = _one_pass if one_pass and refusal is None and block else _rerun
     output = run(lens, sequence, chosen, chunk, foils, top_k, attribute_kwargs)
     spec = AnswerSpec(prompt=text, input_ids=list(ids), prompt_length=1,
                       token_ids=[ids[p + 1] for p in chosen], positions=chosen,

@@ -158,6 +158,8 @@ def explain(
     units: str = "probability",
     top_k: int = 0,
     contrast: TargetText = None,
+    granularity: str = "block",
+    heads: bool = False,
     **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
@@ -198,6 +200,14 @@ def explain(
             ``p(token) - p(foil)`` (``units="log-probability"``: the log-ratio in nats). A
             string is tokenised like ``target`` and must give one token (the foil of every
             answer token) or one token per answer token; ids likewise. Default: None.
+        granularity (str, optional): ``"block"`` (default) or ``"sublayer"``: every chosen
+            block gets an attention credit and an MLP credit (columns ``L<l>.attn``,
+            ``L<l>.mlp``) that add up to its block credit (see
+            :class:`~captum_iglens.IGLens`). A sub-layer answer is generated first and then
+            explained with one teacher-forced forward over prompt + answer.
+        heads (bool, optional): With ``granularity="sublayer"``, per-head credits of every
+            attention segment (``result.head_credits``, JSON ``"head_credits"``; Llama-like
+            families). Default: False.
         **attribute_kwargs: Attribution settings, passed to
             :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
@@ -219,7 +229,7 @@ def explain(
         ...                   method="gausslegendre", n_steps=64)
     """
     model = strip_parallel(model)
-    lens = IGLens(model, layers=layers, units=units)
+    lens = IGLens(model, layers=layers, units=units, granularity=granularity, heads=heads)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
                     chat_template=chat_template, target=target, lens=lens, top_k=top_k,
                     onset_rule=onset_rule, template_kwargs=template_kwargs, contrast=contrast,
@@ -270,7 +280,7 @@ def _explain_one(
     if target is None:
         check_context(model, len(rendered.ids), max_new_tokens, generated=True)
     baselines = attribute_kwargs.get("baselines", "mean")
-    if target is None and can_record(baselines, model):
+    if target is None and can_record(baselines, model) and lens.granularity == "block":
         # the generation's own passes are recorded: no second, teacher-forced forward
         recording = generate_recording(lens, tokenizer, [rendered.ids], max_new_tokens,
                                        baselines)

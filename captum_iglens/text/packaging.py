@@ -103,6 +103,8 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         model_name=spec.model_name,
         is_argmax=_is_argmax(out, row, cols),
         units=out.units,
+        granularity=out.granularity,
+        **_head_fields(out, row, cols),
         **_top_k_fields(out, row, cols, tokenizer),
         **_contrast_fields(out, row, cols, tokenizer),
     )
@@ -112,6 +114,13 @@ def _is_argmax(out: IGLensOutput, row: int, cols: list[int]) -> list[bool]:
     if out.model_argmax is None:
         return []
     return (out.model_argmax[row, cols] == out.target[row, cols]).tolist()
+
+
+def _head_fields(out: IGLensOutput, row: int, cols: list[int]) -> dict[str, Any]:
+    if out.head_credits is None or out.head_rest is None:
+        return {}
+    return {"head_credits": as_cpu(out.head_credits[row, cols]),
+            "head_rest": as_cpu(out.head_rest[row, cols])}
 
 
 def _top_k_fields(out: IGLensOutput, row: int, cols: list[int],
