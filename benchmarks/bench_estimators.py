@@ -62,7 +62,7 @@ def previous_default(lens: IGLens, ids: torch.Tensor, positions: list[int],
                      target: torch.Tensor) -> torch.Tensor:
     """The default as it ran before each node was read out once: every node of every
     position read out, then h_n read out again for the whole-distribution check."""
-    cap = capture_lens_path(lens, ids, target, positions, "mean", None)
+    cap = capture_lens_path(lens.spec, ids, target, positions, "mean", None)
     nodes, chunk = cap.path.nodes, chunk_rows(None, 49152)
     probs = readout_probs(lens.readout, nodes.reshape(-1, nodes.shape[-1]),
                           cap.path.row_ids(tuple(nodes.shape[:-1])), chunk).view(nodes.shape[:3])
@@ -146,7 +146,7 @@ def main() -> None:
     delta_p = details.p_final - details.p_baseline
 
     # 2. Estimators alone, side by side on one captured residual stream (same forward).
-    cap = capture_lens_path(lens, ids, target, positions, "mean", None)
+    cap = capture_lens_path(lens.spec, ids, target, positions, "mean", None)
     chunk = chunk_rows(None, 49152)
     layers = cap.path.nodes[:, :, 1:]
     hidden = layers.reshape(-1, layers.shape[-1])

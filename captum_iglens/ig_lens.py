@@ -16,30 +16,19 @@ from torch import Tensor, nn
 from captum_iglens._core.baselines import BASELINES
 from captum_iglens._core.estimators import (
     METHODS,
-    UNITS,
     grid_probs,
 )
-from captum_iglens._core.heads import head_site
 from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.onset import onset_layer_indices
 from captum_iglens._core.pipeline import delta_of, readout_chunk, run_lens
-from captum_iglens._core.sublayer_path import (
-    capture_granular,
-    check_granularity,
-    run_granular,
-    sublayer_node_indices,
-)
+from captum_iglens._core.sublayer_path import capture_granular, run_granular
 from captum_iglens._typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.architectures import (
-    input_embeddings,
-    resolve_decoder_blocks,
-    strip_parallel,
     vocab_size,
 )
-from captum_iglens.lens.changes import ModelStructure, check_unchanged
-from captum_iglens.lens.layers import resolve_layer_indices
-from captum_iglens.lens.readout import ReadoutMismatchError, resolve_readout
-from captum_iglens.lens.sublayer import half_block_site
+from captum_iglens.lens.changes import check_unchanged
+from captum_iglens.lens.readout import ReadoutMismatchError
+from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
@@ -141,48 +130,39 @@ class IGLens(GradientAttribution):
                 family whose half-block residual (or head split) is not known; the message
                 names the family and what to use instead.
         """
-        check_granularity(granularity, heads)
-        model = strip_parallel(model)
-        GradientAttribution.__init__(self, model)
-        self.model = model
-        self.decoder_blocks = (
-            decoder_blocks if decoder_blocks is not None else resolve_decoder_blocks(model)
-        )
-        self.readout = readout if readout is not None else resolve_readout(model)
-        self._structure = ModelStructure.of(model, self.decoder_blocks, self.readout,
-                                            located=readout is None)
-        self.layer_indices = resolve_layer_indices(
-            layers, self.decoder_blocks, input_embeddings(model)
-        )
-        self.check_readout = check_readout
-        if units not in UNITS:
-            raise ValueError(f"units={units!r}: use one of {UNITS}.")
-        self.units = units
-        self.granularity, self.heads = granularity, heads
-        sub = granularity == "sublayer"
-        self.half_site = half_block_site(model, self.decoder_blocks) if sub else None
-        self.head_site = head_site(model, self.decoder_blocks) if heads else None
+        self.spec = LensSpec.from_model(model, layers, readout, decoder_blocks, check_readout,
+                                        units, granularity, heads)
+        GradientAttribution.__init__(self, self.spec.model)
 
     @classmethod
     def get_name(cls) -> str:
         """``"IG-Lens"``."""
         return "IG-Lens"
 
-    @property
-    def num_layers(self) -> int:
-        """``n``, the number of decoder blocks."""
-        return len(self.decoder_blocks)
+    # The lens's parts and settings, read from its LensSpec (see lens/spec.py).
+    model = property(lambda self: self.spec.model, doc="The causal LM (wrappers stripped).")
+    decoder_blocks = property(lambda self: self.spec.decoder_blocks, doc="Its decoder blocks.")
+    readout = property(lambda self: self.spec.readout,
+                       doc="Residual ``[..., d]`` -> logits ``[..., V]`` (final norm, head).")
+    layer_indices = property(lambda self: self.spec.layer_indices,
+                             doc="The chosen hidden-state indices ``L_1 < ... < L_k = n``.")
+    units = property(lambda self: self.spec.units, doc="The decomposed readout's units.")
+    granularity = property(lambda self: self.spec.granularity, doc="``block`` or ``sublayer``.")
+    heads = property(lambda self: self.spec.heads, doc="Per-head attention credits.")
+    half_site = property(lambda self: self.spec.half_site, doc="Where ``L.attn`` lives.")
+    head_site = property(lambda self: self.spec.head_site, doc="Where the heads meet.")
+    num_layers = property(lambda self: self.spec.num_layers, doc="``n``, the decoder blocks.")
+    node_indices = property(lambda self: self.spec.node_indices,
+                            doc="The credited nodes (sub-layer nodes ``2L - 1``, ``2L``).")
 
     @property
-    def node_indices(self) -> tuple[int, ...]:
-        """The indices of the credited nodes: ``layer_indices``, or sub-layer node indices.
+    def check_readout(self) -> bool:
+        """Check on every call that the readout of ``h_n`` is the model's distribution."""
+        return self.spec.check_readout
 
-        With ``granularity="sublayer"``: 0 for the embedding, ``2L - 1`` for ``L.attn`` and
-        ``2L`` for ``L.mlp``; :func:`~captum_iglens._format.layer_names` names them.
-        """
-        if self.granularity == "sublayer":
-            return sublayer_node_indices(self.layer_indices)
-        return self.layer_indices
+    @check_readout.setter
+    def check_readout(self, value: bool) -> None:
+        self.spec = replace(self.spec, check_readout=bool(value))
 
     @property
     def _run(self) -> Callable[..., tuple[IGLensOutput, bool]]:
@@ -298,9 +278,9 @@ class IGLens(GradientAttribution):
             >>> attr = lens.attribute(ids, ref, target)    # adds up to F(x) - F(x')
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
-        check_unchanged(self)
+        check_unchanged(self.spec)
         out, single = self._run(
-            self, inputs, baselines, target, additional_forward_args, n_steps, method,
+            self.spec, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, contrast=contrast,
         )
         attributions, delta = out.attributions, out.convergence_delta
@@ -351,9 +331,9 @@ class IGLens(GradientAttribution):
             TypeError: ``explained`` not a bool tensor.
         """
         check_top_k(top_k, vocab_size(self.model))
-        check_unchanged(self)
+        check_unchanged(self.spec)
         out, _ = self._run(
-            self, inputs, baselines, target, additional_forward_args, n_steps, method,
+            self.spec, inputs, baselines, target, additional_forward_args, n_steps, method,
             internal_batch_size, positions, int(top_k), contrast, explained,
         )
         return out
@@ -397,8 +377,8 @@ class IGLens(GradientAttribution):
             ValueError: ``attributions`` of another shape; and as :meth:`attribute`.
         """
         base = "mean" if start_point is None else start_point
-        check_unchanged(self)
-        out, single = self._run(self, end_point, base, target, additional_forward_args, 2,
+        check_unchanged(self.spec)
+        out, single = self._run(self.spec, end_point, base, target, additional_forward_args, 2,
                                 "prediction_aware", internal_batch_size, positions,
                                 contrast=contrast)
         return delta_of(attributions, out, single)
@@ -429,10 +409,11 @@ class IGLens(GradientAttribution):
         """
         if not is_int(n_steps) or n_steps < 1:
             raise ValueError(f"n_steps must be an int >= 1, got {n_steps!r}")
-        cap = capture_granular(self, inputs, target, positions, baselines,
+        cap = capture_granular(self.spec, inputs, target, positions, baselines,
                                additional_forward_args, contrast)
         path = replace(cap.path, log=self.units == "log-probability")
-        return grid_probs(self.readout, path, n_steps, readout_chunk(self, internal_batch_size))
+        return grid_probs(self.readout, path, n_steps, readout_chunk(self.spec,
+                                                                 internal_batch_size))
 
     def onset_layers(
         self, attributions: Tensor, frac: float = 0.5, rule: str = "sustained"

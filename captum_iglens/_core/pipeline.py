@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.estimators import (
@@ -26,6 +26,7 @@ from captum_iglens._typing import BaselineSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.architectures import vocab_size
 from captum_iglens.lens.readout import chunk_rows, readout_top_k
 from captum_iglens.lens.readout_check import check_distribution_errors, check_readout
+from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_dtype
 from captum_iglens.results import IGLensOutput
 
@@ -75,12 +76,12 @@ def _spread(flat: Optional[Tensor], explained: Tensor, fill: float) -> Optional[
     return out
 
 
-def _ragged_output(lens: nn.Module, cap: PathCapture, method: str, n_steps: int, chunk: int,
+def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, chunk: int,
                    top_k: int) -> IGLensOutput:
     """Only ``cap.explained`` pairs read out; the others hold NaN (ids: -1)."""
     mask = cap.explained
     assert mask is not None
-    flat = output_from_path(lens, cap.select(mask), method, n_steps, chunk, top_k)
+    flat = output_from_path(spec, cap.select(mask), method, n_steps, chunk, top_k)
     nan = float("nan")
     return replace(
         flat,
@@ -98,7 +99,7 @@ def _ragged_output(lens: nn.Module, cap: PathCapture, method: str, n_steps: int,
     )
 
 
-def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: int,
+def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int,
                      chunk: int, top_k: int = 0) -> IGLensOutput:
     """Read out ``cap``'s path, check Invariant R, run the estimator, package the output.
 
@@ -107,7 +108,7 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
     token ids; ``target`` and ``contrast`` keep the ids given).
 
     Args:
-        lens: The :class:`~captum_iglens.IGLens` (its model, readout, layers, units and
+        spec (LensSpec): The lens (its model, readout, layers, units and
             whether the readout is checked).
         cap (PathCapture): The captured path (:func:`~captum_iglens._core.capture.capture_path`).
         method (str): The estimator, checked with :func:`check_estimator`.
@@ -122,20 +123,20 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
         ReadoutMismatchError: the readout does not reproduce the model (Invariant R).
     """
     if cap.explained is not None:
-        return _ragged_output(lens, cap, method, n_steps, chunk, top_k)
-    readout = lens.readout
-    path = replace(cap.path, log=lens.units == "log-probability")
-    checked = lens.check_readout and cap.reference is not None
+        return _ragged_output(spec, cap, method, n_steps, chunk, top_k)
+    readout = spec.readout
+    path = replace(cap.path, log=spec.units == "log-probability")
+    checked = spec.check_readout and cap.reference is not None
     reference = cap.reference.log_probs.reshape(-1, cap.reference.log_probs.shape[-1]) \
         if checked else None
     nodes = read_nodes(readout, path, chunk, reference)
     del reference  # a view of the model's [B, P, V] distribution: freed below
     probs = nodes.values
-    name = getattr(readout, "name", "") or type(lens.model).__name__
-    check_readout(readout, probs, cap.model_probs, model_dtype(lens.model), name,
-                  verify=lens.check_readout, final=nodes.final)
+    name = getattr(readout, "name", "") or type(spec.model).__name__
+    check_readout(readout, probs, cap.model_probs, model_dtype(spec.model), name,
+                  verify=spec.check_readout, final=nodes.final)
     if checked:
-        check_distribution_errors(nodes.errors, cap.reference, model_dtype(lens.model),
+        check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
                                   path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
     credits = ESTIMATORS[method](readout, path, probs, method, n_steps, chunk)
@@ -149,39 +150,39 @@ def output_from_path(lens: nn.Module, cap: PathCapture, method: str, n_steps: in
         p_baseline=p_base,
         target=cap.path.target,
         positions=cap.positions,
-        layer_indices=getattr(lens, "node_indices", lens.layer_indices),
+        layer_indices=getattr(spec, "node_indices", spec.layer_indices),
         baseline=cap.baseline,
         model_argmax=cap.model_argmax,
-        units=lens.units,
+        units=spec.units,
         contrast=path.contrast,
-        granularity=getattr(lens, "granularity", "block"),
+        granularity=getattr(spec, "granularity", "block"),
     )
     if top_k:
         out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
     return out
 
 
-def readout_chunk(lens: nn.Module, internal_batch_size: Optional[int]) -> int:
-    """Readout rows per chunk for ``lens`` (see :func:`~captum_iglens.lens.readout.chunk_rows`)."""
-    return chunk_rows(internal_batch_size, vocab_size(lens.model) or 1)
+def readout_chunk(spec: LensSpec, internal_batch_size: Optional[int]) -> int:
+    """Readout rows per chunk for ``spec`` (see :func:`~captum_iglens.lens.readout.chunk_rows`)."""
+    return chunk_rows(internal_batch_size, vocab_size(spec.model) or 1)
 
 
 def capture_lens_path(
-    lens: nn.Module, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
+    spec: LensSpec, inputs: Tensor, target: TargetSpec, positions: PositionSpec,
     baselines: BaselineSpec, additional_forward_args: Any, contrast: TargetSpec = None,
     explained: Optional[Tensor] = None,
 ) -> PathCapture:
-    """The path of ``lens`` (its model, blocks, readout and chosen layers) on ``inputs``.
+    """The path of ``spec`` (its model, blocks, readout and chosen layers) on ``inputs``.
 
     See :func:`~captum_iglens._core.capture.capture_path`.
     """
-    return capture_path(lens.model, lens.decoder_blocks, lens.readout, lens.layer_indices,
+    return capture_path(spec.model, spec.decoder_blocks, spec.readout, spec.layer_indices,
                         inputs, target, positions, baselines, additional_forward_args,
                         contrast, explained)
 
 
 def run_lens(
-    lens: nn.Module, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
+    spec: LensSpec, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
     additional_forward_args: Any, n_steps: int, method: str,
     internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
     contrast: TargetSpec = None, explained: Optional[Tensor] = None,
@@ -194,9 +195,9 @@ def run_lens(
         (output, single): the :class:`IGLensOutput` and whether one int position was given.
     """
     check_estimator(method, n_steps)
-    cap = capture_lens_path(lens, inputs, target, positions, baselines,
+    cap = capture_lens_path(spec, inputs, target, positions, baselines,
                             additional_forward_args, contrast, explained)
-    out = output_from_path(lens, cap, method, n_steps, readout_chunk(lens, internal_batch_size),
+    out = output_from_path(spec, cap, method, n_steps, readout_chunk(spec, internal_batch_size),
                            top_k)
     return out, cap.single
 

@@ -30,36 +30,10 @@ from captum_iglens._core.pipeline import (
     readout_chunk,
     run_lens,
 )
+from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.sublayer import capture_half_residuals
-from captum_iglens.settings import GRANULARITIES
 
-__all__ = ["capture_granular", "capture_sublayer_path", "check_granularity", "run_granular",
-           "sublayer_node_indices", "sublayer_output"]
-
-
-def check_granularity(granularity: object, heads: object) -> None:
-    """Refuse an unknown granularity, or head credits without sub-layer nodes.
-
-    Raises:
-        ValueError: ``granularity`` not in :data:`~captum_iglens.settings.GRANULARITIES`,
-            or ``heads=True`` with ``granularity="block"``.
-        TypeError: ``heads`` not a bool.
-    """
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity={granularity!r}: use one of {GRANULARITIES}.")
-    if not isinstance(heads, bool):
-        raise TypeError(f"heads must be True or False, got {heads!r}.")
-    if heads and granularity != "sublayer":
-        raise ValueError("heads=True splits the attention credit of sub-layer paths over the "
-                         "heads: pass granularity='sublayer' with it.")
-
-
-def sublayer_node_indices(layer_indices: Sequence[int]) -> tuple[int, ...]:
-    """The node indices of a sub-layer path: ``0 -> (0,)``, ``L -> (2L - 1, 2L)``."""
-    out: list[int] = []
-    for index in layer_indices:
-        out.extend((0,) if index == 0 else (2 * index - 1, 2 * index))
-    return tuple(out)
+__all__ = ["capture_granular", "capture_sublayer_path", "run_granular", "sublayer_output"]
 
 
 class _FirstWrite(dict):
@@ -83,21 +57,21 @@ def _interleave(nodes: Tensor, half: dict[int, Tensor], layer_indices: Sequence[
 
 
 def capture_sublayer_path(
-    lens: Any, inputs: Tensor, target: Any, positions: Any, baselines: Any,
+    spec: LensSpec, inputs: Tensor, target: Any, positions: Any, baselines: Any,
     additional_forward_args: Any, contrast: Any = None, explained: Optional[Tensor] = None,
 ) -> tuple[PathCapture, dict[int, Tensor]]:
-    """The sub-layer path of ``lens`` on ``inputs``, from the same single forward pass.
+    """The sub-layer path of ``spec`` on ``inputs``, from the same single forward pass.
 
     The path is ``b -> [emb] -> L_1.attn -> h_{L_1} -> L_2.attn -> h_{L_2} -> ...``. When the
     chosen layers skip blocks, the segment ``h_{L_{j-1}} -> L_j.attn`` spans the blocks in
     between as well as ``L_j``'s attention (its "attention" credit includes them).
 
-    Arguments are those of :func:`~captum_iglens._core.capture.capture_path`, with ``lens`` an
-    :class:`~captum_iglens.IGLens` built with ``granularity="sublayer"``.
+    Arguments are those of :func:`~captum_iglens._core.capture.capture_path`, with ``spec`` a
+    :class:`~captum_iglens.lens.spec.LensSpec` built with ``granularity="sublayer"``.
 
     Returns:
         (capture, head_inputs): the :class:`PathCapture` with nodes ``[B, P, k' + 1, d]``
-        (``k' = 2k``, or ``2k - 1`` with the embedding chosen) and, with ``lens.heads``, the
+        (``k' = 2k``, or ``2k - 1`` with the embedding chosen) and, with ``spec.heads``, the
         inputs of each chosen block's attention output projection ``{L: [B, S, H * d_head]}``
         (empty otherwise).
 
@@ -106,22 +80,22 @@ def capture_sublayer_path(
     """
     half: dict[int, Tensor] = _FirstWrite()
     head_inputs: dict[int, Tensor] = _FirstWrite()
-    chosen = [index for index in lens.layer_indices if index]
+    chosen = [index for index in spec.layer_indices if index]
     with ExitStack() as stack:
-        stack.enter_context(capture_half_residuals(lens.decoder_blocks, chosen,
-                                                   lens.half_site, half))
-        if lens.heads:
-            stack.enter_context(capture_head_inputs(lens.decoder_blocks, chosen,
-                                                    lens.head_site, head_inputs))
-        cap = capture_path(lens.model, lens.decoder_blocks, lens.readout, lens.layer_indices,
+        stack.enter_context(capture_half_residuals(spec.decoder_blocks, chosen,
+                                                   spec.half_site, half))
+        if spec.heads:
+            stack.enter_context(capture_head_inputs(spec.decoder_blocks, chosen,
+                                                    spec.head_site, head_inputs))
+        cap = capture_path(spec.model, spec.decoder_blocks, spec.readout, spec.layer_indices,
                            inputs, target, positions, baselines, additional_forward_args,
                            contrast, explained)
-    nodes = _interleave(cap.path.nodes, half, lens.layer_indices, cap.positions)
+    nodes = _interleave(cap.path.nodes, half, spec.layer_indices, cap.positions)
     cap.path = replace(cap.path, nodes=nodes)
     return cap, dict(head_inputs)
 
 
-def sublayer_output(lens: Any, inputs: Tensor, baselines: Any, target: Any,
+def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
                     additional_forward_args: Any, n_steps: int, method: str, chunk: int,
                     positions: Any, top_k: int = 0, contrast: Any = None,
                     explained: Optional[Tensor] = None) -> tuple[Any, bool]:
@@ -129,7 +103,7 @@ def sublayer_output(lens: Any, inputs: Tensor, baselines: Any, target: Any,
 
     Returns:
         (output, single): the :class:`~captum_iglens.results.IGLensOutput` (credits
-        ``[B, P, k']``; with ``lens.heads`` also ``head_credits [B, P, A, H]`` and
+        ``[B, P, k']``; with ``spec.heads`` also ``head_credits [B, P, A, H]`` and
         ``head_rest [B, P, A]`` for the ``A`` chosen blocks ``L >= 1``) and whether one int
         position was given.
 
@@ -137,57 +111,57 @@ def sublayer_output(lens: Any, inputs: Tensor, baselines: Any, target: Any,
         ValueError: head credits of a ragged batch (``explained``).
         RuntimeError: head credits inside ``torch.inference_mode()`` (they need gradients).
     """
-    if lens.heads and explained is not None:
+    if spec.heads and explained is not None:
         raise ValueError("heads=True is not available for ragged batches (explained=...): "
                          "explain those rows one at a time.")
-    if lens.heads and torch.is_inference_mode_enabled():
+    if spec.heads and torch.is_inference_mode_enabled():
         raise RuntimeError("heads=True needs one backward pass per grid step, which "
                            "torch.inference_mode() forbids: call it outside inference mode "
                            "(torch.no_grad() is fine).")
-    cap, head_inputs = capture_sublayer_path(lens, inputs, target, positions, baselines,
+    cap, head_inputs = capture_sublayer_path(spec, inputs, target, positions, baselines,
                                              additional_forward_args, contrast, explained)
-    out = output_from_path(lens, cap, method, n_steps, chunk, top_k)
-    if lens.heads:
-        out.head_credits, out.head_rest = _heads_of(lens, cap, out, head_inputs, n_steps,
+    out = output_from_path(spec, cap, method, n_steps, chunk, top_k)
+    if spec.heads:
+        out.head_credits, out.head_rest = _heads_of(spec, cap, out, head_inputs, n_steps,
                                                     chunk)
     return out, cap.single
 
 
-def _heads_of(lens: Any, cap: PathCapture, out: Any, head_inputs: dict[int, Tensor],
+def _heads_of(spec: LensSpec, cap: PathCapture, out: Any, head_inputs: dict[int, Tensor],
               n_steps: int, chunk: int) -> tuple[Tensor, Tensor]:
     """Head credits ``[B, P, A, H]`` and rests ``[B, P, A]`` of the attention segments."""
-    nodes = lens.node_indices
+    nodes = spec.node_indices
     segments = [m + 1 for m, index in enumerate(nodes) if index % 2]
     device = cap.path.nodes.device
     pieces = torch.stack([
-        head_pieces(lens.decoder_blocks, lens.head_site, (index + 1) // 2,
+        head_pieces(spec.decoder_blocks, spec.head_site, (index + 1) // 2,
                     head_inputs[(index + 1) // 2][:, cap.positions])
         for index in nodes if index % 2], dim=2)
     values = torch.cat([out.p_baseline[..., None], out.lens_probs], dim=-1)
-    path = replace(cap.path, log=lens.units == "log-probability")
-    return head_credits(lens.readout, path, values, segments, pieces.to(device), n_steps,
+    path = replace(cap.path, log=spec.units == "log-probability")
+    return head_credits(spec.readout, path, values, segments, pieces.to(device), n_steps,
                         chunk)
 
 
-def run_granular(lens: Any, inputs: Tensor, baselines: Any, target: Any,
+def run_granular(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
                  additional_forward_args: Any, n_steps: int, method: str,
                  internal_batch_size: Optional[int], positions: Any, top_k: int = 0,
                  contrast: Any = None, explained: Optional[Tensor] = None) -> tuple[Any, bool]:
     """:func:`~captum_iglens._core.pipeline.run_lens`, or :func:`sublayer_output` for sub-layers."""
-    if lens.granularity != "sublayer":
-        return run_lens(lens, inputs, baselines, target, additional_forward_args, n_steps,
+    if spec.granularity != "sublayer":
+        return run_lens(spec, inputs, baselines, target, additional_forward_args, n_steps,
                         method, internal_batch_size, positions, top_k, contrast, explained)
     check_estimator(method, n_steps)
-    return sublayer_output(lens, inputs, baselines, target, additional_forward_args, n_steps,
-                           method, readout_chunk(lens, internal_batch_size), positions, top_k,
+    return sublayer_output(spec, inputs, baselines, target, additional_forward_args, n_steps,
+                           method, readout_chunk(spec, internal_batch_size), positions, top_k,
                            contrast, explained)
 
 
-def capture_granular(lens: Any, inputs: Tensor, target: Any, positions: Any, baselines: Any,
+def capture_granular(spec: LensSpec, inputs: Tensor, target: Any, positions: Any, baselines: Any,
                      additional_forward_args: Any, contrast: Any = None) -> PathCapture:
     """:func:`~captum_iglens._core.pipeline.capture_lens_path`, sub-layer nodes included."""
-    if lens.granularity != "sublayer":
-        return capture_lens_path(lens, inputs, target, positions, baselines,
+    if spec.granularity != "sublayer":
+        return capture_lens_path(spec, inputs, target, positions, baselines,
                                  additional_forward_args, contrast)
-    return capture_sublayer_path(lens, inputs, target, positions, baselines,
+    return capture_sublayer_path(spec, inputs, target, positions, baselines,
                                  additional_forward_args, contrast)[0]

@@ -9,13 +9,16 @@ simply stale.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from torch import nn
 
 from captum_iglens.lens.architectures import UnknownArchitectureError, locate_parts
 
 __all__ = ["ModelChangedError", "ModelStructure", "check_unchanged"]
+
+if TYPE_CHECKING:
+    from captum_iglens.lens.spec import LensSpec
 
 
 class ModelChangedError(ValueError):
@@ -40,23 +43,21 @@ class ModelStructure:
                    None if head is None else id(head))
 
 
-def check_unchanged(lens: Any) -> None:
-    """Raise if ``lens.model`` no longer has the blocks, final norm or head the lens holds.
+def check_unchanged(spec: LensSpec) -> None:
+    """Raise if ``spec.model`` no longer has the blocks, final norm or head the spec holds.
 
     Raises:
         ModelChangedError: naming what changed and saying to build a new ``IGLens``.
     """
-    built: Optional[ModelStructure] = getattr(lens, "_structure", None)
-    if built is None:
-        return
-    now = tuple(id(b) for b in lens.decoder_blocks)
+    built = spec.structure
+    now = tuple(id(b) for b in spec.decoder_blocks)
     changes = []
     if now != built.blocks:
         changes.append(f"its decoder blocks changed ({len(built.blocks)} -> {len(now)} blocks, "
                        "or replaced)")
     if built.final_norm is not None or built.unembed is not None:
         try:
-            parts = locate_parts(lens.model)
+            parts = locate_parts(spec.model)
         except UnknownArchitectureError as err:
             changes.append(f"its final norm or unembedding can no longer be located ({err})")
         else:

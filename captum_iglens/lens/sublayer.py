@@ -178,3 +178,52 @@ def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
     def hook(_m: nn.Module, _a: tuple, output: object) -> None:
         store[index] = inputs.pop(index) + _first(output)
     return hook
+
+
+#: Families whose attention output is ``self_attn.o_proj`` of the concatenated heads, added
+#: to the residual as it is (no post-attention norm, no multiplier).
+HEAD_FAMILIES: tuple[str, ...] = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "olmo", "gemma")
+
+
+@dataclass(frozen=True)
+class HeadSite:
+    """Where the heads meet: ``block.<attention>.<projection>`` takes ``[.., H * d_head]``.
+
+    Attributes:
+        attention (str): The attention submodule of a decoder block.
+        projection (str): Its output projection (an ``nn.Linear``).
+        n_heads (int): ``H``.
+    """
+
+    attention: str
+    projection: str
+    n_heads: int
+
+
+def _projection(block: nn.Module, site: HeadSite) -> nn.Module:
+    return getattr(getattr(block, site.attention, None), site.projection, None)
+
+
+def head_site(model: nn.Module, blocks: nn.ModuleList) -> HeadSite:
+    """The :class:`HeadSite` of ``model``'s family, checked against its blocks.
+
+    Raises:
+        SublayerUnsupportedError: a family outside :data:`HEAD_FAMILIES`, or blocks whose
+            output projection is not an ``nn.Linear`` over ``H`` equal head slices.
+    """
+    kind = model_type(model)
+    if kind not in HEAD_FAMILIES:
+        raise SublayerUnsupportedError(
+            f"Per-head credits are not defined for {kind!r}: they are implemented for the "
+            f"families whose attention adds o_proj of the concatenated heads to the residual "
+            f"as it is ({', '.join(HEAD_FAMILIES)}). Use heads=False (the attention credit "
+            "stays whole).")
+    site = HeadSite("self_attn", "o_proj", int(_config(model).num_attention_heads))
+    for block in blocks:
+        proj = _projection(block, site)
+        if not isinstance(proj, nn.Linear) or proj.in_features % site.n_heads:
+            raise SublayerUnsupportedError(
+                f"The decoder blocks of this {kind!r} model have no self_attn.o_proj Linear "
+                f"over {site.n_heads} heads: use heads=False.")
+    return site

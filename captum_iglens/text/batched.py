@@ -195,8 +195,8 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         recording.positions, recording.mask, _padded(recording.answers, n_cols),
         _padded([job.foils for job in jobs], n_cols) if foils else None,
         attribute_kwargs.get("baselines", "mean"), explained, recording.mask.shape[1])
-    out = output_from_path(lens, cap, method, n_steps,
-                           readout_chunk(lens, attribute_kwargs.get("internal_batch_size")), top_k)
+    rows = readout_chunk(lens.spec, attribute_kwargs.get("internal_batch_size"))
+    out = output_from_path(lens.spec, cap, method, n_steps, rows, top_k)
     return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
                         onset_rule, attribute_kwargs) for r, job in enumerate(jobs)]
 

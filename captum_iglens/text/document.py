@@ -147,14 +147,14 @@ def _one_pass(lens: IGLens, sequence: Tensor, chosen: list[int], chunk: int,
     check_estimator(method, n_steps)
     check_top_k(top_k, vocab_size(lens.model))
     baselines = settings.get("baselines", "mean")
-    rows = readout_chunk(lens, settings.get("internal_batch_size"))
+    rows = readout_chunk(lens.spec, settings.get("internal_batch_size"))
     outputs = []
     with closing(document_chunks(lens, sequence, chosen, chunk, baselines)) as passes, \
             progress_bar(total=len(chosen), desc="document", unit="position") as bar:
         for piece in passes:
             cap = _chunk_path(lens, piece, sequence, foils, baselines, len(chosen))
             bar.update(len(piece.positions))
-            outputs.append(output_from_path(lens, cap, method, n_steps, rows, top_k))
+            outputs.append(output_from_path(lens.spec, cap, method, n_steps, rows, top_k))
     return _concat(outputs)
 
 

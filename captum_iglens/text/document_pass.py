@@ -17,7 +17,7 @@ re-running the model per chunk, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,9 @@ from captum_iglens.lens.state import (
     forward_parameters,
     model_state_preserved,
 )
+
+if TYPE_CHECKING:
+    from captum_iglens.ig_lens import IGLens
 
 __all__ = ["UNCACHED_DOCUMENTS", "DocumentChunk", "cache_refusal", "document_chunks"]
 
@@ -168,7 +171,7 @@ def _pass_kwargs(params: Any, cache: Any, start: int, end: int, rel: list[int],
     return kwargs
 
 
-def _cached_pass(lens: Any, ids: Tensor, cache: Any, start: int, rel: list[int],
+def _cached_pass(lens: IGLens, ids: Tensor, cache: Any, start: int, rel: list[int],
                  whole: set[int], needed: set[int]) -> tuple[dict[int, Tensor], Tensor, Any]:
     """One chunk's forward: ``(states, logits [1, P, V], cache)``.
 
@@ -196,7 +199,7 @@ def _cached_pass(lens: Any, ids: Tensor, cache: Any, start: int, rel: list[int],
     return dict(states), logits if device is None else logits.to(device), _cache_of(output)
 
 
-def document_chunks(lens: Any, sequence: Tensor, chosen: Sequence[int], chunk: int,
+def document_chunks(lens: IGLens, sequence: Tensor, chosen: Sequence[int], chunk: int,
                     baselines: BaselineSpec) -> Iterator[DocumentChunk]:
     """The text's cached passes, ``chunk`` columns each, up to the last explained position.
 

@@ -18,7 +18,7 @@ teacher-forced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +30,9 @@ from captum_iglens.lens.families import UNRECORDED_GENERATION
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
 from captum_iglens.lens.state import execution_device, model_dtype
 from captum_iglens.text.generation import greedy_generate
+
+if TYPE_CHECKING:
+    from captum_iglens.ig_lens import IGLens
 
 __all__ = ["Recording", "can_record", "generate_recording"]
 
@@ -109,7 +112,7 @@ class Recording:
                          take(self.logits), self.prompt_width)
 
 
-def generate_recording(lens: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
+def generate_recording(lens: IGLens, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
                        max_new_tokens: int, baselines: BaselineSpec = "mean") -> Recording:
     """Greedy answers of ``B`` prompts, recording what IG-Lens needs from each pass.
 

@@ -30,7 +30,7 @@ def _ids(batch: int = 2, length: int = 7) -> torch.Tensor:
 
 def _levels_bound(lens: IGLens, ids: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``[B, P, k + 1]``: rounding bound of ``f`` at each node of ``lens``'s path."""
-    cap = capture_lens_path(lens, ids, target, POSITIONS, "mean", None)
+    cap = capture_lens_path(lens.spec, ids, target, POSITIONS, "mean", None)
     tol = readout_tolerance(lens.readout, cap.path.nodes)
     return tol.gather(-1, cap.path.target[:, :, None, None].expand(*tol.shape[:-1], 1))[..., 0]
 
@@ -236,7 +236,7 @@ def test_smollm2_sublayer_and_heads(smollm2) -> None:
     assert sub.attributions.shape == (1, 1, 60) and sub.head_credits.shape == (1, 1, 30, 9)
     assert_complete(sub)
     attn, mlp = _pairs(sub.attributions, False)
-    cap = capture_lens_path(block_lens, ids, block.target, -1, "mean", None)
+    cap = capture_lens_path(block_lens.spec, ids, block.target, -1, "mean", None)
     tol = readout_tolerance(block_lens.readout, cap.path.nodes[0, 0])
     levels = tol[:, int(block.target[0, 0])]  # [31]
     gap = (attn.double() + mlp.double() - block.attributions.double()).abs()[0, 0]

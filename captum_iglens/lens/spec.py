@@ -1,0 +1,171 @@
+"""The lens specification: what IG-Lens needs from a model, resolved once.
+
+:class:`LensSpec` is built once by :meth:`LensSpec.from_model` (the body of
+``IGLens(model, ...)``) and handed to every stage of the computation, which reads the
+model's parts and facts from it instead of inspecting the model again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from captum_iglens._typing import LayerSpec, Readout
+from captum_iglens.lens.architectures import (
+    display_name,
+    input_embeddings,
+    resolve_decoder_blocks,
+    strip_parallel,
+    vocab_size,
+)
+from captum_iglens.lens.changes import ModelStructure
+from captum_iglens.lens.layers import resolve_layer_indices
+from captum_iglens.lens.readout import resolve_readout
+from captum_iglens.lens.state import execution_device, model_dtype
+from captum_iglens.lens.sublayer import HalfBlockSite, HeadSite, half_block_site, head_site
+from captum_iglens.settings import DEFAULT_GRANULARITY, DEFAULT_UNITS, GRANULARITIES, UNITS
+
+__all__ = ["LensSpec", "check_granularity", "sublayer_node_indices"]
+
+
+@dataclass(frozen=True)
+class LensSpec:
+    """A causal LM's parts and the chosen path nodes, resolved and checked once.
+
+    Attributes:
+        model (nn.Module): The causal LM (``DataParallel``/DDP wrappers stripped).
+        decoder_blocks (nn.ModuleList): Its ``n`` decoder blocks.
+        readout (callable): Pre-final-norm residual ``[..., d]`` -> logits ``[..., V]``.
+        layer_indices (tuple of int): The chosen hidden-state indices ``0 <= L_1 < ... <
+            L_k = n`` (Section 3 of arXiv:2606.29693).
+        structure (ModelStructure): The identities of the blocks, final norm and head,
+            to notice a model changed after the lens was built.
+        units (str): ``"probability"`` or ``"log-probability"`` (nats).
+        check_readout (bool): Check the readout against the model on every call.
+        granularity (str): ``"block"`` or ``"sublayer"``.
+        heads (bool): Split sub-layer attention credits over the heads.
+        half_site (HalfBlockSite, optional): Where ``L.attn`` lives (sub-layer only).
+        head_site (HeadSite, optional): Where the heads meet (``heads=True`` only).
+    """
+
+    model: nn.Module = field(repr=False)
+    decoder_blocks: nn.ModuleList = field(repr=False)
+    readout: Readout = field(repr=False)
+    layer_indices: tuple[int, ...]
+    structure: ModelStructure = field(repr=False, compare=False)
+    units: str = DEFAULT_UNITS
+    check_readout: bool = True
+    granularity: str = DEFAULT_GRANULARITY
+    heads: bool = False
+    half_site: Optional[HalfBlockSite] = None
+    head_site: Optional[HeadSite] = None
+
+    @classmethod
+    def from_model(
+        cls,
+        model: nn.Module,
+        layers: LayerSpec = None,
+        readout: Optional[Readout] = None,
+        decoder_blocks: Optional[nn.ModuleList] = None,
+        check_readout: bool = True,
+        units: str = DEFAULT_UNITS,
+        granularity: str = DEFAULT_GRANULARITY,
+        heads: bool = False,
+    ) -> LensSpec:
+        """Locate the blocks and readout, resolve the layers and check every setting.
+
+        Arguments are those of :class:`~captum_iglens.IGLens`.
+
+        Raises:
+            UnknownArchitectureError: the decoder blocks or final norm cannot be located.
+            ValueError: a layer out of range, given twice or not a decoder block; unknown
+                ``units`` or ``granularity``; ``heads=True`` without sub-layer nodes.
+            TypeError: a layer of another type.
+            SublayerUnsupportedError: sub-layer nodes (or heads) for a family whose
+                half-block residual (or head split) is not known.
+        """
+        check_granularity(granularity, heads)
+        if units not in UNITS:
+            raise ValueError(f"units={units!r}: use one of {UNITS}.")
+        model = strip_parallel(model)
+        blocks = decoder_blocks if decoder_blocks is not None else resolve_decoder_blocks(model)
+        located = readout is None
+        readout = resolve_readout(model) if readout is None else readout
+        sub = granularity == "sublayer"
+        return cls(
+            model=model, decoder_blocks=blocks, readout=readout,
+            layer_indices=resolve_layer_indices(layers, blocks, input_embeddings(model)),
+            structure=ModelStructure.of(model, blocks, readout, located=located),
+            units=units, check_readout=check_readout, granularity=granularity, heads=heads,
+            half_site=half_block_site(model, blocks) if sub else None,
+            head_site=head_site(model, blocks) if heads else None,
+        )
+
+    @property
+    def num_layers(self) -> int:
+        """``n``, the number of decoder blocks."""
+        return len(self.decoder_blocks)
+
+    @property
+    def node_indices(self) -> tuple[int, ...]:
+        """The credited nodes: ``layer_indices``, or the sub-layer node indices.
+
+        With ``granularity="sublayer"``: 0 for the embedding, ``2L - 1`` for ``L.attn`` and
+        ``2L`` for ``L.mlp``; :func:`~captum_iglens._format.layer_names` names them.
+        """
+        if self.granularity == "sublayer":
+            return sublayer_node_indices(self.layer_indices)
+        return self.layer_indices
+
+    @property
+    def vocab_size(self) -> Optional[int]:
+        """``V``, the model's vocabulary size (``None`` when its config does not say)."""
+        return vocab_size(self.model)
+
+    @property
+    def readout_device(self) -> Optional[torch.device]:
+        """Where the readout computes (read on each access: the model may have moved)."""
+        return execution_device(self.readout) if isinstance(self.readout, nn.Module) else None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's floating-point dtype."""
+        return model_dtype(self.model)
+
+    @property
+    def display_name(self) -> str:
+        """The model's name for results and reports (never a local path)."""
+        return display_name(self.model)
+
+    @property
+    def recordable(self) -> bool:
+        """Whether residuals recorded while generating can serve the path (block nodes)."""
+        return self.granularity == "block"
+
+
+def check_granularity(granularity: object, heads: object) -> None:
+    """Refuse an unknown granularity, or head credits without sub-layer nodes.
+
+    Raises:
+        ValueError: ``granularity`` not in :data:`~captum_iglens.settings.GRANULARITIES`,
+            or ``heads=True`` with ``granularity="block"``.
+        TypeError: ``heads`` not a bool.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r}: use one of {GRANULARITIES}.")
+    if not isinstance(heads, bool):
+        raise TypeError(f"heads must be True or False, got {heads!r}.")
+    if heads and granularity != "sublayer":
+        raise ValueError("heads=True splits the attention credit of sub-layer paths over the "
+                         "heads: pass granularity='sublayer' with it.")
+
+
+def sublayer_node_indices(layer_indices: Sequence[int]) -> tuple[int, ...]:
+    """The node indices of a sub-layer path: ``0 -> (0,)``, ``L -> (2L - 1, 2L)``."""
+    out: list[int] = []
+    for index in layer_indices:
+        out.extend((0,) if index == 0 else (2 * index - 1, 2 * index))
+    return tuple(out)
