@@ -156,7 +156,7 @@ def main() -> None:
     e_grid, _ = median_time(lambda: grid_probs(lens.readout, cap.path, args.n_steps, chunk)
                             .diff(dim=-1).sum(-1), max(1, args.repeats // 2))
     probs = node_probs(lens.readout, cap.path, chunk)
-    e_grad, _ = median_time(lambda: ESTIMATORS["gausslegendre"](
+    e_grad, _ = median_time(lambda: ESTIMATORS["gausslegendre"].estimate(
         lens.readout, cap.path, probs, "gausslegendre", args.n_steps, chunk),
         max(1, args.repeats // 2))
     e_lens, _ = median_time(lambda: readout_probs(lens.readout, hidden, lens_targets, chunk),

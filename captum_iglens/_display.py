@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens._format import layer_names
+from captum_iglens.settings import DEFAULT_GRANULARITY
 
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
@@ -62,7 +63,7 @@ def display_attributions(result: IGLensResult, display: str) -> tuple[Tensor, st
     return log_levels.diff(dim=-1).float(), "change of log p over the segment (nats)"
 
 
-def layer_labels(layer_indices: Sequence[int], granularity: str = "block") -> list[str]:
+def layer_labels(layer_indices: Sequence[int], granularity: str = DEFAULT_GRANULARITY) -> list[str]:
     """Display names of the layer columns: ``"b→emb"`` for index 0, ``"L<l>"`` otherwise.
 
     Index 0 (the embedding output) is always the first chosen layer: its credit

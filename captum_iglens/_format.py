@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from captum_iglens.settings import DEFAULT_GRANULARITY
+
 if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = ["as_cpu", "fmt", "layer_names", "num", "readout_words", "shorten", "total_symbol"]
 
 
-def layer_names(layer_indices: Sequence[int], granularity: str = "block") -> list[str]:
+def layer_names(layer_indices: Sequence[int], granularity: str = DEFAULT_GRANULARITY) -> list[str]:
     """``"emb"`` for hidden-state index 0, ``"L<l>"`` for the output of block ``l``.
 
     With ``granularity="sublayer"`` the indices are sub-layer node indices (0: ``"emb"``;

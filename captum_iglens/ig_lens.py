@@ -30,6 +30,15 @@ from captum_iglens.lens.changes import check_unchanged
 from captum_iglens.lens.readout import ReadoutMismatchError
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_GRANULARITY,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+    DEFAULT_UNITS,
+)
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
 
@@ -78,8 +87,8 @@ class IGLens(GradientAttribution):
         readout: Optional[Callable[[Tensor], Tensor]] = None,
         decoder_blocks: Optional[nn.ModuleList] = None,
         check_readout: bool = True,
-        units: str = "probability",
-        granularity: str = "block",
+        units: str = DEFAULT_UNITS,
+        granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
     ) -> None:
         r"""Build IG-Lens for a causal LM and its chosen layers.
@@ -192,11 +201,11 @@ class IGLens(GradientAttribution):
     def attribute(  # type: ignore[override]
         self,
         inputs: Tensor,
-        baselines: BaselineSpec = "mean",
+        baselines: BaselineSpec = DEFAULT_BASELINE,
         target: TargetSpec = None,
         additional_forward_args: Any = None,
-        n_steps: int = 50,
-        method: str = "prediction_aware",
+        n_steps: int = DEFAULT_N_STEPS,
+        method: str = DEFAULT_METHOD,
         internal_batch_size: Optional[int] = None,
         return_convergence_delta: bool = False,
         *,
@@ -299,11 +308,11 @@ class IGLens(GradientAttribution):
     def attribute_details(
         self,
         inputs: Tensor,
-        baselines: BaselineSpec = "mean",
+        baselines: BaselineSpec = DEFAULT_BASELINE,
         target: TargetSpec = None,
         additional_forward_args: Any = None,
-        n_steps: int = 50,
-        method: str = "prediction_aware",
+        n_steps: int = DEFAULT_N_STEPS,
+        method: str = DEFAULT_METHOD,
         internal_batch_size: Optional[int] = None,
         *,
         positions: PositionSpec = -1,
@@ -376,20 +385,20 @@ class IGLens(GradientAttribution):
         Raises:
             ValueError: ``attributions`` of another shape; and as :meth:`attribute`.
         """
-        base = "mean" if start_point is None else start_point
+        base = DEFAULT_BASELINE if start_point is None else start_point
         check_unchanged(self.spec)
         out, single = self._run(self.spec, end_point, base, target, additional_forward_args, 2,
-                                "prediction_aware", internal_batch_size, positions,
+                                DEFAULT_METHOD, internal_batch_size, positions,
                                 contrast=contrast)
         return delta_of(attributions, out, single)
 
     def path_probabilities(
         self,
         inputs: Tensor,
-        baselines: BaselineSpec = "mean",
+        baselines: BaselineSpec = DEFAULT_BASELINE,
         target: TargetSpec = None,
         additional_forward_args: Any = None,
-        n_steps: int = 50,
+        n_steps: int = DEFAULT_N_STEPS,
         internal_batch_size: Optional[int] = None,
         *,
         positions: PositionSpec = -1,
@@ -416,7 +425,7 @@ class IGLens(GradientAttribution):
                                                                  internal_batch_size))
 
     def onset_layers(
-        self, attributions: Tensor, frac: float = 0.5, rule: str = "sustained"
+        self, attributions: Tensor, frac: float = DEFAULT_ONSET_FRAC, rule: str = DEFAULT_ONSET_RULE
     ) -> Tensor:
         """Onset layer ``L*`` per explained prediction (see :func:`onset_layer_indices`).
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from captum_iglens._typing import BaselineSpec
 from captum_iglens.lens.architectures import input_embeddings, vocab_size
+from captum_iglens.settings import BASELINES as SETTINGS_BASELINES
 
 __all__ = [
     "BASELINES",
@@ -32,8 +33,9 @@ __all__ = [
     "residual_baseline",
 ]
 
-#: Named residual-space baselines accepted by :meth:`~captum_iglens.IGLens.attribute`.
-BASELINES: tuple[str, ...] = ("mean", "zero", "embedding")
+#: Named residual-space baselines accepted by :meth:`~captum_iglens.IGLens.attribute`
+#: (:data:`captum_iglens.settings.BASELINES`).
+BASELINES: tuple[str, ...] = SETTINGS_BASELINES
 
 #: The hidden-state index averaged by the ``"mean"`` baseline: the first block's output,
 #: whichever layers are chosen, so a token's total ``delta_p`` never depends on the choice.

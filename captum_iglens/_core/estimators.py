@@ -35,12 +35,17 @@ from captum_iglens.lens.readout import (
     readout_probs,
     readout_values,
 )
+from captum_iglens.settings import DEFAULT_METHOD
+from captum_iglens.settings import UNITS as SETTINGS_UNITS
 
 __all__ = [
     "CONVERGENCE_WARNING",
     "ESTIMATORS",
+    "EstimatorRow",
     "METHODS",
     "UNITS",
+    "is_exact",
+    "register_estimator",
     "PathNodes",
     "NodeValues",
     "grid_probs",
@@ -277,18 +282,62 @@ def _gradient(
 
 Estimator = Callable[[Readout, PathNodes, Tensor, str, int, int], Tensor]
 
-#: ``method`` name -> estimator ``(readout, path, node_probs, method, n_steps, chunk) ->
-#: credits [B, P, k]``.
-ESTIMATORS: dict[str, Estimator] = {
-    "prediction_aware": _prediction_aware,
-    **{name: _gradient for name in CAPTUM_APPROXIMATION_METHODS},
+
+@dataclass(frozen=True)
+class EstimatorRow:
+    """An estimator and its facts.
+
+    Attributes:
+        estimate (Estimator): ``(readout, path, node_probs, method, n_steps, chunk) ->
+            credits [B, P, k]``.
+        exact (bool): The credits add up to ``delta_p`` at any ``n_steps`` and need no
+            gradient (no backward pass; allowed under ``torch.inference_mode``).
+        min_steps (int): The smallest ``n_steps`` accepted.
+    """
+
+    estimate: Estimator
+    exact: bool
+    min_steps: int = 1
+
+
+#: ``method`` name -> :class:`EstimatorRow` (the one registry; see :func:`register_estimator`).
+ESTIMATORS: dict[str, EstimatorRow] = {
+    DEFAULT_METHOD: EstimatorRow(_prediction_aware, exact=True),
+    **{name: EstimatorRow(_gradient, exact=False) for name in CAPTUM_APPROXIMATION_METHODS},
 }
 
 #: Estimator names accepted by :meth:`~captum_iglens.IGLens.attribute`.
 METHODS: tuple[str, ...] = tuple(ESTIMATORS)
 
 #: Readouts IG-Lens can decompose: probability (the paper's) or log-probability (nats).
-UNITS: tuple[str, ...] = ("probability", "log-probability")
+UNITS: tuple[str, ...] = SETTINGS_UNITS
+
+
+def register_estimator(name: str, estimate: Estimator, *, exact: bool,
+                       min_steps: int = 1) -> None:
+    """Add an estimator under ``name`` for ``IGLens.attribute(method=name)``.
+
+    Args:
+        name (str): The new ``method`` name.
+        estimate (Estimator): ``(readout, path, node_probs, method, n_steps, chunk) ->
+            credits [B, P, k]`` in the readout's units (probability or nats).
+        exact (bool): Whether its credits add up to ``delta_p`` at any ``n_steps`` without
+            gradients (then it is never warned about convergence).
+        min_steps (int, optional): The smallest ``n_steps`` it accepts. Default: 1.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+    if name in ESTIMATORS:
+        raise ValueError(f"An estimator named {name!r} exists: choose another name.")
+    ESTIMATORS[name] = EstimatorRow(estimate, exact=exact, min_steps=int(min_steps))
+
+
+def is_exact(method: str) -> bool:
+    """Whether ``method``'s credits add up exactly at any ``n_steps`` (no gradient)."""
+    row = ESTIMATORS.get(method)
+    return row is not None and row.exact
+
 
 #: A gradient estimate whose ``|sum - delta_p|`` exceeds this (in the readout's units) has
 #: not converged: the caller is warned.
@@ -297,7 +346,7 @@ CONVERGENCE_WARNING = 1e-3
 
 def warn_if_not_converged(credits: Tensor, delta_p: Tensor, method: str, n_steps: int) -> None:
     """Warn when a gradient estimate's ``|sum - delta_p|`` exceeds the threshold."""
-    if method == "prediction_aware":
+    if is_exact(method):
         return
     err = float((credits.double().sum(-1) - delta_p.double()).abs().max())
     if err > CONVERGENCE_WARNING:

@@ -20,10 +20,13 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from captum_iglens.settings import DEFAULT_ONSET_FRAC, DEFAULT_ONSET_RULE
+from captum_iglens.settings import ONSET_RULES as SETTINGS_ONSET_RULES
+
 __all__ = ["ONSET_RULES", "onset_layer_indices"]
 
-#: Onset rules accepted by :func:`onset_layer_indices`.
-ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
+#: Onset rules accepted by :func:`onset_layer_indices` (:data:`captum_iglens.settings.ONSET_RULES`).
+ONSET_RULES: tuple[str, ...] = SETTINGS_ONSET_RULES
 
 
 def _sustained(credits: Tensor, frac: float) -> Tensor:
@@ -47,8 +50,8 @@ def _mass(credits: Tensor, frac: float) -> Tensor:
 
 
 def onset_layer_indices(
-    attributions: Tensor, layer_indices: Sequence[int], frac: float = 0.5,
-    rule: str = "sustained",
+    attributions: Tensor, layer_indices: Sequence[int], frac: float = DEFAULT_ONSET_FRAC,
+    rule: str = DEFAULT_ONSET_RULE,
 ) -> Tensor:
     """The onset layer of each explained prediction (see the module docstring for the rules).
 

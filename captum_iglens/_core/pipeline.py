@@ -17,7 +17,6 @@ from torch import Tensor
 from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.estimators import (
     ESTIMATORS,
-    METHODS,
     PathNodes,
     read_nodes,
     warn_if_not_converged,
@@ -43,10 +42,12 @@ def check_estimator(method: str, n_steps: object) -> None:
         RuntimeError: a gradient estimator inside ``torch.inference_mode()``.
     """
     if method not in ESTIMATORS:
-        raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
-    if not is_int(n_steps) or n_steps < 1:  # type: ignore[operator]
-        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}.")
-    if method != "prediction_aware" and torch.is_inference_mode_enabled():
+        raise ValueError(f"Unknown method {method!r}: use one of {tuple(ESTIMATORS)}.")
+    least = ESTIMATORS[method].min_steps
+    if not is_int(n_steps) or n_steps < least:  # type: ignore[operator]
+        raise ValueError(f"n_steps must be an int >= {least} for method={method!r}, got "
+                         f"{n_steps!r}.")
+    if not ESTIMATORS[method].exact and torch.is_inference_mode_enabled():
         raise RuntimeError(
             f"method={method!r} integrates gradients, which torch.inference_mode() forbids: "
             "call attribute outside inference mode (torch.no_grad() is fine), or use the "
@@ -139,7 +140,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
                                   path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
-    credits = ESTIMATORS[method](readout, path, probs, method, n_steps, chunk)
+    credits = ESTIMATORS[method].estimate(readout, path, probs, method, n_steps, chunk)
     p_base, p_final = probs[..., 0], probs[..., -1]
     warn_if_not_converged(credits, p_final - p_base, method, n_steps)
     out = IGLensOutput(
@@ -150,12 +151,12 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         p_baseline=p_base,
         target=cap.path.target,
         positions=cap.positions,
-        layer_indices=getattr(spec, "node_indices", spec.layer_indices),
+        layer_indices=spec.node_indices,
         baseline=cap.baseline,
         model_argmax=cap.model_argmax,
         units=spec.units,
         contrast=path.contrast,
-        granularity=getattr(spec, "granularity", "block"),
+        granularity=spec.granularity,
     )
     if top_k:
         out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)

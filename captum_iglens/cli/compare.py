@@ -44,7 +44,7 @@ EXIT_STATUS = exit_status_help(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``iglens compare``."""
-    from captum_iglens.settings import BASELINES, METHODS
+    from captum_iglens.settings import BASELINES, CAPTUM_METHODS
 
     opts.add_prompt_options(parser)
     opts.add_model_options(parser)
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give IG-Lens this residual-space baseline and a total of its own "
                         "(default: none, IG-Lens starts at the shared reference, like Captum)")
     parser.add_argument("--gradient-method", default=None,
-                        choices=[m for m in METHODS if m != "prediction_aware"],
+                        choices=CAPTUM_METHODS,
                         help="also run IG-Lens with this gradient estimator")
     opts.add_generation_options(parser)
     opts.add_output_options(parser, json_help="write the report as JSON to this path",

@@ -25,6 +25,7 @@ from captum_iglens.lens.architectures import input_embeddings
 from captum_iglens.lens.hooks import residual_tap
 from captum_iglens.lens.state import forward_parameters
 from captum_iglens.results import MethodCompleteness
+from captum_iglens.settings import DEFAULT_METHOD
 
 __all__ = ["COMPARE_METHODS", "COMPARE_RUNNERS", "DEFAULT_COMPARE_METHODS", "CompareContext",
            "target_probability_forward"]
@@ -92,7 +93,7 @@ def _run_lens(ctx: CompareContext, estimator: str) -> tuple[Any, float]:
 
 
 def _ig_lens(ctx: CompareContext, name: str, label: str) -> MethodCompleteness:
-    estimator = "prediction_aware" if name == "ig_lens" else ctx.gradient_method
+    estimator = DEFAULT_METHOD if name == "ig_lens" else ctx.gradient_method
     out, elapsed = _run_lens(ctx, estimator)
     if name == "ig_lens":
         ctx.lens_cache = out
@@ -106,7 +107,7 @@ def _logit_lens(ctx: CompareContext, name: str, label: str) -> MethodCompletenes
     if ctx.lens_cache is not None:
         out, elapsed = ctx.lens_cache, float("nan")
     else:
-        out, elapsed = _run_lens(ctx, "prediction_aware")
+        out, elapsed = _run_lens(ctx, DEFAULT_METHOD)
     return MethodCompleteness(
         name, label, out.lens_probs[0, 0].detach().cpu().float(), float(out.p_final[0, 0]),
         None, elapsed, None, is_credit=False,

@@ -171,7 +171,7 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
     )
     fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
-    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    names = layer_labels(result.layer_indices, result.granularity)
     ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
     emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
     if emb:
@@ -214,7 +214,7 @@ def _trajectory(
     else:  # sequential by position: one shade per token, read off the colour bar
         colours = colormaps["viridis"](np.linspace(0.0, 0.92, max(n_tok, 1)))
     x = np.asarray(result.layer_indices)
-    if getattr(result, "granularity", "block") == "sublayer":
+    if result.granularity == "sublayer":
         x = x / 2  # L.attn at L - 0.5, L.mlp at L: the axis stays in blocks
     for t in range(n_tok):
         ax.plot(x, probs[t], marker=".", linewidth=1.1, color=colours[t],

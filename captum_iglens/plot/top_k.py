@@ -83,7 +83,7 @@ def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in:
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     ax.set_xlim(-0.5, k - 0.5)
-    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    names = layer_labels(result.layer_indices, result.granularity)
     ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
     ax.tick_params(left=False, labelleft=False)
     ax.set_xlabel("layer")
@@ -158,7 +158,7 @@ def plot_top_k(
         ax.set_xticks(range(ranks), labels=[f"#{r + 1}" for r in range(ranks)], fontsize=7)
         ax.set_title(f"answer token {t}: {fit_label(result.tokens[t], 72 * _CELL_IN * ranks, 8)}",
                      fontsize=8)
-    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    names = layer_labels(result.layer_indices, result.granularity)
     axes[0].set_yticks(range(k), labels=names, fontsize=fontsize)
     axes[0].set_ylabel("layer")
     fig.colorbar(image, ax=list(axes), label="logit-lens probability")

@@ -18,6 +18,7 @@ from captum.attr import LLMAttributionResult
 from torch import Tensor
 
 from captum_iglens._display import DISPLAYS, row_normalised
+from captum_iglens.settings import DEFAULT_UNITS
 
 __all__ = ["IGLensLLMAttributionResult", "split_baseline_readout"]
 
@@ -66,7 +67,7 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         convergence_delta: Tensor,
         baseline: str,
         baseline_attr: Optional[Tensor] = None,
-        units: str = "probability",
+        units: str = DEFAULT_UNITS,
         **captum_fields: Any,
     ) -> None:
         """Captum's fields (keyword-only, as Captum takes them) plus the ones above.

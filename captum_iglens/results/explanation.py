@@ -10,6 +10,15 @@ import torch
 from torch import Tensor
 
 from captum_iglens._format import layer_names
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_GRANULARITY,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+    DEFAULT_UNITS,
+)
 
 __all__ = ["IGLensResult"]
 
@@ -87,14 +96,14 @@ class IGLensResult:
     p_baseline: Tensor
     convergence_delta: Tensor
     onset_layers: list[int]
-    method: str = "prediction_aware"
-    baseline: str = "mean"
-    n_steps: int = 50
-    onset_frac: float = 0.5
+    method: str = DEFAULT_METHOD
+    baseline: str = DEFAULT_BASELINE
+    n_steps: int = DEFAULT_N_STEPS
+    onset_frac: float = DEFAULT_ONSET_FRAC
     model_name: str = ""
     chat_template_used: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
-    onset_rule: str = "sustained"
+    onset_rule: str = DEFAULT_ONSET_RULE
     rendered_prompt: str = ""
     template_uses_clock: bool = False
     baseline_description: str = ""
@@ -102,13 +111,13 @@ class IGLensResult:
     generated: bool = False
     truncated: bool = False
     max_new_tokens: Optional[int] = None
-    units: str = "probability"
+    units: str = DEFAULT_UNITS
     top_k_ids: Optional[Tensor] = None
     top_k_probs: Optional[Tensor] = None
     top_k_tokens: Optional[list] = None
     contrast_ids: Optional[list[int]] = None
     contrast_tokens: Optional[list[str]] = None
-    granularity: str = "block"
+    granularity: str = DEFAULT_GRANULARITY
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
 

@@ -7,6 +7,8 @@ from typing import Optional
 
 from torch import Tensor
 
+from captum_iglens.settings import DEFAULT_BASELINE, DEFAULT_GRANULARITY, DEFAULT_UNITS
+
 __all__ = ["IGLensOutput"]
 
 
@@ -66,13 +68,13 @@ class IGLensOutput:
     target: Tensor
     positions: list[int]
     layer_indices: tuple[int, ...]
-    baseline: str = "mean"
+    baseline: str = DEFAULT_BASELINE
     model_argmax: Optional[Tensor] = None
-    units: str = "probability"
+    units: str = DEFAULT_UNITS
     top_k_probs: Optional[Tensor] = None
     top_k_ids: Optional[Tensor] = None
     contrast: Optional[Tensor] = None
-    granularity: str = "block"
+    granularity: str = DEFAULT_GRANULARITY
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
 

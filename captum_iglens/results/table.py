@@ -58,7 +58,7 @@ def _head(result: IGLensResult, cols: list[int], w: int = 6) -> list[str]:
 def _block(result: IGLensResult, cols: list[int]) -> list[str]:
     from captum_iglens._display import layer_labels
 
-    names = layer_labels(result.layer_indices, getattr(result, "granularity", "block"))
+    names = layer_labels(result.layer_indices, result.granularity)
     _, total, final = _row_names(result)
     w = max([6, *(len(name) for name in names)])
     lines = _head(result, cols, w)

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.run.results_file import RunMismatchError
 
@@ -96,8 +97,8 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     }
     for key in FINGERPRINT_KEYS[6:]:
         entries[key] = _jsonable(settings.get(key))
-    if entries["method"] in (None, "prediction_aware"):
-        entries["n_steps"] = None  # the exact default does not depend on it
+    if entries["method"] is None or is_exact(entries["method"]):
+        entries["n_steps"] = None  # an exact estimator does not depend on it
     compared = json.dumps([entries[k] for k in FINGERPRINT_KEYS], sort_keys=True, default=str)
     entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
     entries["torch"] = torch.__version__

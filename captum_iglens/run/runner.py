@@ -34,6 +34,13 @@ from captum_iglens.run.fingerprint import (
 )
 from captum_iglens.run.records import Record
 from captum_iglens.run.results_file import ResultsFile, check_results_file, read_lines
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+)
 from captum_iglens.text.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.text.document import DEFAULT_CHUNK, explain_document
 from captum_iglens.text.explain_prompt import (
@@ -73,8 +80,8 @@ class RunSettings:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     chat_template: bool = True
     template_kwargs: Optional[dict[str, Any]] = None
-    onset_frac: float = 0.5
-    onset_rule: str = "sustained"
+    onset_frac: float = DEFAULT_ONSET_FRAC
+    onset_rule: str = DEFAULT_ONSET_RULE
     top_k: int = 0
     stride: int = 1
     chunk: int = DEFAULT_CHUNK
@@ -258,7 +265,7 @@ class _Runner:
             return {}
         s = self.settings
         prompts = [job.rendered.ids for job in todo]
-        baselines = s.attribute_kwargs.get("baselines", "mean")
+        baselines = s.attribute_kwargs.get("baselines", DEFAULT_BASELINE)
         recording = None
         # a recording holds block outputs only: sub-layer lenses re-run prompt + answer
         if can_record(baselines, self.lens.model) and self.lens.granularity == "block":
@@ -415,8 +422,9 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     attribute = settings.attribute_kwargs
     fingerprint = run_fingerprint(lens.model, layers=lens.layer_indices, units=lens.units,
                                   settings={
-        "method": attribute.get("method", "prediction_aware"),
-        "n_steps": attribute.get("n_steps", 50), "baselines": attribute.get("baselines", "mean"),
+        "method": attribute.get("method", DEFAULT_METHOD),
+        "n_steps": attribute.get("n_steps", DEFAULT_N_STEPS),
+        "baselines": attribute.get("baselines", DEFAULT_BASELINE),
         "max_new_tokens": settings.max_new_tokens, "chat_template": settings.chat_template,
         "template_kwargs": settings.template_kwargs, "onset_frac": settings.onset_frac,
         "onset_rule": settings.onset_rule, "top_k": settings.top_k, "stride": settings.stride,

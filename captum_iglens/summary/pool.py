@@ -23,6 +23,7 @@ import numpy as np
 
 from captum_iglens._format import layer_names, num, shorten
 from captum_iglens.run.reader import check_one_run, load_results
+from captum_iglens.settings import DEFAULT_GRANULARITY, DEFAULT_UNITS
 from captum_iglens.summary.report import WIDTH, record_label, record_name, report_lines
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
@@ -77,8 +78,8 @@ def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
         layers = tuple(int(i) for i in record["layers"])
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{record_name(record)}: no valid 'layers' list ({err})") from err
-    units = str(record.get("units", "probability"))
-    if record.get("granularity", "block") != "block":  # sub-layer node indices: apart
+    units = str(record.get("units", DEFAULT_UNITS))
+    if record.get("granularity", DEFAULT_GRANULARITY) != "block":  # sub-layer node indices: apart
         units += f", granularity {record['granularity']}"
     return layers, units, is_contrastive(record)
 
@@ -236,7 +237,7 @@ class RunSummary:
     seed: int = 0
     confidence: float = 0.95
     torn: int = 0
-    granularity: str = "block"
+    granularity: str = DEFAULT_GRANULARITY
 
     @property
     def layer_names(self) -> list[str]:

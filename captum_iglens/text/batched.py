@@ -22,6 +22,13 @@ from captum_iglens.lens.architectures import display_name, vocab_size
 from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+)
 from captum_iglens.text.generation import left_pad, pad_id
 from captum_iglens.text.packaging import AnswerSpec, result_from_output
 from captum_iglens.text.prompts import RenderedPrompt
@@ -72,7 +79,8 @@ def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
 
 
 def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
-                  onset_frac: float = 0.5, onset_rule: str = "sustained", top_k: int = 0,
+                  onset_frac: float = DEFAULT_ONSET_FRAC,
+                  onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0,
                   **attribute_kwargs: Any) -> list[IGLensResult]:
     """IG-Lens over every answer token of ``B`` prompts, in one left-padded forward.
 
@@ -136,8 +144,8 @@ _RECORDED_SETTINGS = {"baselines", "method", "n_steps", "internal_batch_size"}
 
 
 def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
-                     jobs: Sequence[AnswerJob], onset_frac: float = 0.5,
-                     onset_rule: str = "sustained", top_k: int = 0,
+                     jobs: Sequence[AnswerJob], onset_frac: float = DEFAULT_ONSET_FRAC,
+                     onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0,
                      **attribute_kwargs: Any) -> list[IGLensResult]:
     """IG-Lens over the generated answers of ``recording``: readouts only, no forward.
 
@@ -167,7 +175,7 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
             :meth:`~captum_iglens.IGLens.attribute`.
         TypeError: an argument :meth:`~captum_iglens.IGLens.attribute` has not.
     """
-    if getattr(lens, "granularity", "block") != "block":
+    if not lens.spec.recordable:
         raise ValueError("A recording holds the block outputs only: explain a "
                          "granularity='sublayer' lens with explain_ids (one teacher-forced "
                          "forward), not from a recording.")
@@ -182,8 +190,8 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         raise ValueError("Give one foil per answer token (contrast_per_token).")
     vocab = vocab_size(lens.model) or recording.logits.shape[-1]
     check_top_k(top_k, vocab)
-    method = attribute_kwargs.get("method", "prediction_aware")
-    n_steps = attribute_kwargs.get("n_steps", 50)
+    method = attribute_kwargs.get("method", DEFAULT_METHOD)
+    n_steps = attribute_kwargs.get("n_steps", DEFAULT_N_STEPS)
     check_estimator(method, n_steps)
     n_cols = recording.logits.shape[1]
     explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
@@ -194,7 +202,7 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         recording.states, ModelDistribution.from_logits(recording.logits), lens.layer_indices,
         recording.positions, recording.mask, _padded(recording.answers, n_cols),
         _padded([job.foils for job in jobs], n_cols) if foils else None,
-        attribute_kwargs.get("baselines", "mean"), explained, recording.mask.shape[1])
+        attribute_kwargs.get("baselines", DEFAULT_BASELINE), explained, recording.mask.shape[1])
     rows = readout_chunk(lens.spec, attribute_kwargs.get("internal_batch_size"))
     out = output_from_path(lens.spec, cap, method, n_steps, rows, top_k)
     return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
@@ -218,6 +226,7 @@ def _row_result(out: Any, row: int, job: AnswerJob, n_cols: int, tokenizer: Any,
     spec = AnswerSpec(
         prompt=job.prompt, input_ids=job.rendered.ids + answer, prompt_length=n_prompt,
         token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
-        method=settings.get("method", "prediction_aware"), n_steps=settings.get("n_steps", 50),
+        method=settings.get("method", DEFAULT_METHOD),
+        n_steps=settings.get("n_steps", DEFAULT_N_STEPS),
         onset_frac=onset_frac, onset_rule=onset_rule, model_name=display_name(lens.model))
     return result_from_output(out, row, _columns(job, n_cols), spec, tokenizer)

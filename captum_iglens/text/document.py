@@ -29,6 +29,13 @@ from captum_iglens.lens.architectures import display_name, vocab_size
 from captum_iglens.lens.context import context_length
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensOutput, IGLensResult
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+)
 from captum_iglens.text.document_pass import DocumentChunk, cache_refusal, document_chunks
 from captum_iglens.text.explain_prompt import contrast_per_token
 from captum_iglens.text.packaging import AnswerSpec, result_from_output
@@ -142,11 +149,11 @@ def _chunk_path(lens: IGLens, piece: DocumentChunk, sequence: Tensor,
 def _one_pass(lens: IGLens, sequence: Tensor, chosen: list[int], chunk: int,
               foils: Optional[list[int]], top_k: int, settings: dict[str, Any]) -> IGLensOutput:
     """The text in cached passes of ``chunk`` positions, each chunk read out in turn."""
-    method = settings.get("method", "prediction_aware")
-    n_steps = settings.get("n_steps", 50)
+    method = settings.get("method", DEFAULT_METHOD)
+    n_steps = settings.get("n_steps", DEFAULT_N_STEPS)
     check_estimator(method, n_steps)
     check_top_k(top_k, vocab_size(lens.model))
-    baselines = settings.get("baselines", "mean")
+    baselines = settings.get("baselines", DEFAULT_BASELINE)
     rows = readout_chunk(lens.spec, settings.get("internal_batch_size"))
     outputs = []
     with closing(document_chunks(lens, sequence, chosen, chunk, baselines)) as passes, \
@@ -181,7 +188,8 @@ def _rerun(lens: IGLens, sequence: Tensor, chosen: list[int], chunk: int,
 def explain_document(lens: IGLens, tokenizer: Any, text: str,
                      positions: Optional[Sequence[int]] = None, stride: int = 1,
                      chunk: int = DEFAULT_CHUNK, contrast: Any = None,
-                     onset_frac: float = 0.5, onset_rule: str = "sustained", top_k: int = 0,
+                     onset_frac: float = DEFAULT_ONSET_FRAC,
+                     onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0,
                      one_pass: bool = True, **attribute_kwargs: Any) -> IGLensResult:
     """IG-Lens over the next-token predictions of ``text`` (teacher forcing).
 
@@ -235,17 +243,18 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
     chosen = document_positions(len(ids), positions, stride)
     foils = contrast_per_token(contrast, len(chosen)) if contrast is not None else None
     sequence = torch.tensor([ids], device=input_device(lens.model))
-    baselines = attribute_kwargs.get("baselines", "mean")
+    baselines = attribute_kwargs.get("baselines", DEFAULT_BASELINE)
     _check_document_baseline(baselines, len(chosen), len(ids))
     refusal = cache_refusal(lens.model, len(ids), baselines)
     # sub-layer nodes are captured by a whole forward (attribute_details): re-run
-    block = getattr(lens, "granularity", "block") == "block"
+    block = lens.spec.recordable
     run = _one_pass if one_pass and refusal is None and block else _rerun
     output = run(lens, sequence, chosen, chunk, foils, top_k, attribute_kwargs)
     spec = AnswerSpec(prompt=text, input_ids=list(ids), prompt_length=1,
                       token_ids=[ids[p + 1] for p in chosen], positions=chosen,
-                      method=attribute_kwargs.get("method", "prediction_aware"),
-                      n_steps=attribute_kwargs.get("n_steps", 50), onset_frac=onset_frac,
+                      method=attribute_kwargs.get("method", DEFAULT_METHOD),
+                      n_steps=attribute_kwargs.get("n_steps", DEFAULT_N_STEPS),
+                      onset_frac=onset_frac,
                       onset_rule=onset_rule, model_name=display_name(lens.model))
     result = result_from_output(output, 0, range(len(chosen)), spec, tokenizer)
     result.extras["document"] = True

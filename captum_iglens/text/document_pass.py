@@ -34,6 +34,7 @@ from captum_iglens.lens.state import (
     forward_parameters,
     model_state_preserved,
 )
+from captum_iglens.settings import DEFAULT_BASELINE
 
 if TYPE_CHECKING:
     from captum_iglens.ig_lens import IGLens
@@ -60,7 +61,7 @@ def _dynamic_rope_limit(model: nn.Module) -> Optional[int]:
 
 
 def cache_refusal(model: nn.Module, n_tokens: int,
-                  baselines: BaselineSpec = "mean") -> Optional[str]:
+                  baselines: BaselineSpec = DEFAULT_BASELINE) -> Optional[str]:
     """Why a text of ``n_tokens`` cannot be explained in one cached pass, or ``None``.
 
     A forward without a KV cache argument, the families of :data:`UNCACHED_DOCUMENTS`,

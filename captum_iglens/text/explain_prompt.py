@@ -15,6 +15,15 @@ from captum_iglens.lens.architectures import display_name, strip_parallel, vocab
 from captum_iglens.lens.context import check_context
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_GRANULARITY,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+    DEFAULT_UNITS,
+)
 from captum_iglens.text.batched import AnswerJob, explain_recorded
 from captum_iglens.text.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
 from captum_iglens.text.packaging import AnswerSpec, result_from_output
@@ -48,10 +57,10 @@ def explain_ids(
     answer_ids: Sequence[int],
     tokenizer: Any = None,
     layers: LayerSpec = None,
-    onset_frac: float = 0.5,
+    onset_frac: float = DEFAULT_ONSET_FRAC,
     prompt: str = "",
     lens: Optional[IGLens] = None,
-    onset_rule: str = "sustained",
+    onset_rule: str = DEFAULT_ONSET_RULE,
     top_k: int = 0,
     contrast: Optional[Sequence[int]] = None,
     **attribute_kwargs: Any,
@@ -123,8 +132,9 @@ def answer_spec(model: nn.Module, prompt: str, prompt_ids: Sequence[int],
     return AnswerSpec(prompt=prompt, input_ids=list(prompt_ids) + list(answer_ids),
                       prompt_length=n_prompt, token_ids=list(answer_ids),
                       positions=list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids))),
-                      method=attribute_kwargs.get("method", "prediction_aware"),
-                      n_steps=attribute_kwargs.get("n_steps", 50), onset_frac=onset_frac,
+                      method=attribute_kwargs.get("method", DEFAULT_METHOD),
+                      n_steps=attribute_kwargs.get("n_steps", DEFAULT_N_STEPS),
+                      onset_frac=onset_frac,
                       onset_rule=onset_rule, model_name=display_name(model))
 
 
@@ -150,15 +160,15 @@ def explain(
     prompt: Union[str, Sequence[str]],
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     layers: LayerSpec = None,
-    onset_frac: float = 0.5,
+    onset_frac: float = DEFAULT_ONSET_FRAC,
     chat_template: bool = True,
     target: TargetText = None,
-    onset_rule: str = "sustained",
+    onset_rule: str = DEFAULT_ONSET_RULE,
     template_kwargs: Optional[dict[str, Any]] = None,
-    units: str = "probability",
+    units: str = DEFAULT_UNITS,
     top_k: int = 0,
     contrast: TargetText = None,
-    granularity: str = "block",
+    granularity: str = DEFAULT_GRANULARITY,
     heads: bool = False,
     **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
@@ -279,7 +289,7 @@ def _explain_one(
     check_token_ids(torch.tensor([rendered.ids]), vocab_size(model))  # before generate
     if target is None:
         check_context(model, len(rendered.ids), max_new_tokens, generated=True)
-    baselines = attribute_kwargs.get("baselines", "mean")
+    baselines = attribute_kwargs.get("baselines", DEFAULT_BASELINE)
     if target is None and can_record(baselines, model) and lens.granularity == "block":
         # the generation's own passes are recorded: no second, teacher-forced forward
         recording = generate_recording(lens, tokenizer, [rendered.ids], max_new_tokens,

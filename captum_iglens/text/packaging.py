@@ -16,6 +16,12 @@ from captum_iglens._core.onset import onset_layer_indices
 from captum_iglens._format import as_cpu
 from captum_iglens.results.explanation import IGLensResult
 from captum_iglens.results.output import IGLensOutput
+from captum_iglens.settings import (
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
+)
 from captum_iglens.text.prompts import token_labels
 
 __all__ = ["AnswerSpec", "result_from_output"]
@@ -44,10 +50,10 @@ class AnswerSpec:
     prompt_length: int
     token_ids: list[int]
     positions: list[int]
-    method: str = "prediction_aware"
-    n_steps: int = 50
-    onset_frac: float = 0.5
-    onset_rule: str = "sustained"
+    method: str = DEFAULT_METHOD
+    n_steps: int = DEFAULT_N_STEPS
+    onset_frac: float = DEFAULT_ONSET_FRAC
+    onset_rule: str = DEFAULT_ONSET_RULE
     model_name: str = ""
 
 

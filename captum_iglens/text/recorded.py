@@ -29,6 +29,7 @@ from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import UNRECORDED_GENERATION
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
 from captum_iglens.lens.state import execution_device, model_dtype
+from captum_iglens.settings import BASELINES, DEFAULT_BASELINE
 from captum_iglens.text.generation import greedy_generate
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ __all__ = ["Recording", "can_record", "generate_recording"]
 
 #: The baselines a recording can start paths from (reference ids and tensors need a forward
 #: or shapes of their own: those runs are teacher-forced).
-RECORDABLE_BASELINES = ("mean", "zero", "embedding")
+RECORDABLE_BASELINES = BASELINES
 
 
 def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bool:
@@ -113,7 +114,8 @@ class Recording:
 
 
 def generate_recording(lens: IGLens, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
-                       max_new_tokens: int, baselines: BaselineSpec = "mean") -> Recording:
+                       max_new_tokens: int,
+                       baselines: BaselineSpec = DEFAULT_BASELINE) -> Recording:
     """Greedy answers of ``B`` prompts, recording what IG-Lens needs from each pass.
 
     Args:

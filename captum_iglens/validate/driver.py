@@ -31,7 +31,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from torch import nn
 
-from captum_iglens.settings import VALIDATE_DONORS, VALIDATE_MAX_NEW_TOKENS, VALIDATE_THRESHOLD
+from captum_iglens.settings import (
+    DEFAULT_ONSET_RULE,
+    VALIDATE_DONORS,
+    VALIDATE_MAX_NEW_TOKENS,
+    VALIDATE_THRESHOLD,
+)
 from captum_iglens.text.explain_prompt import explain
 from captum_iglens.validate.ablation import KINDS, BlockAblation, ReferenceSetError
 from captum_iglens.validate.inputs import (
@@ -195,7 +200,7 @@ def _fixed_settings(seed: int, ablation: BlockAblation) -> dict[str, Any]:
     """The settings no argument chooses: what each seed seeds, the check tolerance, ..."""
     return {"seeds": {"donors": seed, "random_predictor": seed, "bootstrap": seed},
             "tolerance": ablation.tolerance, "grow": ablation.grow,
-            "excluded_block": dict(EXCLUDED_BLOCK), "onset_rule": "sustained"}
+            "excluded_block": dict(EXCLUDED_BLOCK), "onset_rule": DEFAULT_ONSET_RULE}
 
 
 def _finish_settings(settings: dict[str, Any], clock: dict[str, tuple[float, float]],

@@ -13,6 +13,8 @@ from typing import Optional
 import numpy as np
 from scipy import stats
 
+from captum_iglens.settings import DEFAULT_ONSET_FRAC
+
 __all__ = ["METRICS", "half_point", "nonmonotonic", "onset_gain", "profile_free_spearman",
            "token_metrics"]
 
@@ -34,7 +36,7 @@ def half_point(cumulative: np.ndarray) -> np.ndarray:
     end = cumulative[:, -1:]
     sign = np.where(end < 0, -1.0, 1.0)
     slack = 1e-12 * np.abs(cumulative).max(1, keepdims=True)
-    failing = sign * cumulative < sign * 0.5 * end - slack
+    failing = sign * cumulative < sign * DEFAULT_ONSET_FRAC * end - slack
     n = cumulative.shape[1]
     last_fail = np.where(failing.any(1), n - 1 - np.argmax(failing[:, ::-1], axis=1), -1)
     return np.minimum(last_fail + 1, n - 1)

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from captum_iglens._core.onset import onset_layer_indices
 from captum_iglens.ig_lens import IGLens
+from captum_iglens.settings import DEFAULT_ONSET_FRAC, DEFAULT_ONSET_RULE
 from captum_iglens.validate.ablation import BlockAblation, ResidualTrace
 from captum_iglens.validate.ablation_checks import compare
 from captum_iglens.validate.ablation_hooks import eval_mode, hooked
@@ -253,7 +254,8 @@ def patch_pair(ablation: BlockAblation, tokenizer: Any, pair: PromptPair,
                                noise[-1:], f_corr, tol)),
     }
     credits = details.attributions.reshape(-1).cpu().float()
-    onset = onset_layer_indices(credits, tuple(range(1, n + 1)), 0.5, "sustained")
+    onset = onset_layer_indices(credits, tuple(range(1, n + 1)), DEFAULT_ONSET_FRAC,
+                                DEFAULT_ONSET_RULE)
     return PairPatch(
         pair=pair, position=pos, target=y, foil=foil, f_clean=float(f_clean),
         f_corrupted=float(f_corr), recovery=(denoise[2:n + 2] - denoise[0]).float(),
