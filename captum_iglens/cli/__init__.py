@@ -31,7 +31,7 @@ from captum_iglens.cli._common import (
     exit_status_help,
     run_checks,
 )
-from captum_iglens.cli._options import read_prompts
+from captum_iglens.cli._prompt_options import read_prompts
 from captum_iglens.cli._registry import COMMANDS, DEFAULT_COMMAND
 
 __all__ = ["COMMANDS", "CliError", "UsageError", "build_parser", "main", "parse_args",

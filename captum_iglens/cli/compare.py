@@ -14,7 +14,9 @@ import argparse
 import sys
 from typing import Any, Optional
 
+from captum_iglens.cli import _layer_options as layer_opts
 from captum_iglens.cli import _options as opts
+from captum_iglens.cli import _prompt_options as prompt_opts
 from captum_iglens.cli._common import (
     UsageError,
     exit_status_help,
@@ -46,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``iglens compare``."""
     from captum_iglens.settings import BASELINES, CAPTUM_METHODS
 
-    opts.add_prompt_options(parser)
+    prompt_opts.add_prompt_options(parser)
     opts.add_model_options(parser)
-    opts.add_layer_options(parser, default_k=DEFAULT_K)
+    layer_opts.add_layer_options(parser, default_k=DEFAULT_K)
     parser.add_argument("--token-index", type=opts.at_least(0, "--token-index"), default=None,
                         help="which answer token to explain (default: 0, the first)")
     parser.add_argument("--prefix", default=None,
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     prompt = args.prompts[0]
     model, tokenizer = load(args.model)
-    layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)), DEFAULT_K)
+    layers = layer_opts.resolve_layers(args, len(resolve_decoder_blocks(model)), DEFAULT_K)
     opts.warn_unused_template_date(args, tokenizer)
     ids, target, what, used = _explained_token(args, model, tokenizer, prompt)
     methods = ["ig_lens", "layer_integrated_gradients", "layer_conductance", "logit_lens"]

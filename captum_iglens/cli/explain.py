@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from captum_iglens.cli import _layer_options as layer_opts
 from captum_iglens.cli import _options as opts
+from captum_iglens.cli import _prompt_options as prompt_opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load, write_json
 
 __all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
@@ -40,10 +42,10 @@ EXIT_STATUS = exit_status_help(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``iglens explain`` (and of the ``iglens PROMPT`` shorthand)."""
-    opts.add_prompt_options(parser, sources=True)
+    prompt_opts.add_prompt_options(parser, sources=True)
     opts.add_model_options(parser)
-    opts.add_layer_options(parser)
-    opts.add_granularity_options(parser)
+    layer_opts.add_layer_options(parser)
+    layer_opts.add_granularity_options(parser)
     opts.add_estimator_options(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from captum_iglens import resolve_decoder_blocks
 
     model, tokenizer = load(args.model)
-    layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    layers = layer_opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
     foils = _check_foil(args, tokenizer)
     opts.warn_unused_template_date(args, tokenizer)
     results: list[Any] = []

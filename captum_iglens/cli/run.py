@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from captum_iglens.cli import _layer_options as layer_opts
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
 from captum_iglens.run.results_file import ResultsWriteError, check_results_file
@@ -70,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="load a model folder with this accelerate device map, e.g. auto "
                         "(one large model across the GPUs of one process)")
     opts.add_model_options(parser)
-    opts.add_layer_options(parser)
-    opts.add_granularity_options(parser, heads=False)
+    layer_opts.add_layer_options(parser)
+    layer_opts.add_granularity_options(parser, heads=False)
     opts.add_estimator_options(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
@@ -184,14 +185,15 @@ def run(args: argparse.Namespace) -> int:
     """
     from captum_iglens import IGLens, resolve_decoder_blocks
     from captum_iglens.run.distributed import processes
-    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.run.runner import run_records
+    from captum_iglens.run.settings import RunSettings
     from captum_iglens.text.document import DEFAULT_CHUNK
 
     records = _records(args)
     procs = processes()
     model, tokenizer = load(args.model, device_map=args.device_map)
     model = _place(model, args, procs)
-    layers = opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    layers = layer_opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
     if procs.is_main:
         opts.warn_unused_template_date(args, tokenizer)
     lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity)

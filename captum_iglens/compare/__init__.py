@@ -1,6 +1,6 @@
 """IG-Lens beside Captum's layer methods on the same inputs, with completeness.
 
-The public names of ``captum_iglens.compare.driver`` are imported on first use (PEP 562)
+The public names of ``captum_iglens.compare`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.compare.driver`.
 """
 

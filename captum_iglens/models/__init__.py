@@ -1,6 +1,6 @@
 """Offline model loading: the embedded SmolLM2, named offline models, folders, GGUF.
 
-The public names of ``captum_iglens.models.loading`` are imported on first use (PEP 562)
+The public names of ``captum_iglens.models`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.models.loading`.
 """
 

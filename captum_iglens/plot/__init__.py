@@ -1,6 +1,6 @@
 """Figures of IG-Lens results: credit heatmaps, trajectories, completeness, top-K.
 
-The public names of ``captum_iglens.plot.credits`` are imported on first use (PEP 562)
+The public names of ``captum_iglens.plot`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.plot.credits`.
 """
 

@@ -13,7 +13,6 @@ processes (``accelerate launch`` / ``torchrun``), process ``r`` runs batches ``r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -22,7 +21,6 @@ from torch import nn
 from captum_iglens._progress import progress_bar
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import strip_parallel
-from captum_iglens.lens.context import check_context
 from captum_iglens.results import IGLensResult
 from captum_iglens.run.distributed import Processes, processes
 from captum_iglens.run.fingerprint import (
@@ -32,101 +30,25 @@ from captum_iglens.run.fingerprint import (
     run_fingerprint,
     run_lock,
 )
+from captum_iglens.run.plan import Unit, batch_groups, check_length, finish_job, plan_units
 from captum_iglens.run.records import Record
 from captum_iglens.run.results_file import ResultsFile, check_results_file, read_lines
+from captum_iglens.run.settings import RunReport, RunSettings
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
-    DEFAULT_ONSET_FRAC,
-    DEFAULT_ONSET_RULE,
 )
 from captum_iglens.text.batched import AnswerJob, explain_batch, explain_recorded
-from captum_iglens.text.document import DEFAULT_CHUNK, explain_document
+from captum_iglens.text.document import explain_document
 from captum_iglens.text.explain_prompt import (
-    DEFAULT_MAX_NEW_TOKENS,
     annotate_answer,
-    contrast_per_token,
     foil_ids,
-    target_ids,
-    target_token_ids,
 )
 from captum_iglens.text.generation import generate_batch
-from captum_iglens.text.prompts import render_prompt
 from captum_iglens.text.recorded import Recording, can_record, generate_recording
 
-__all__ = ["RunReport", "RunSettings", "run_records"]
-
-
-@dataclass
-class RunSettings:
-    """How every record of a run is explained.
-
-    Attributes:
-        batch_size (int): Prompts per batch (generation and attribution). Default: 8.
-        max_new_tokens (int): Longest generated answer. Default: 64.
-        chat_template (bool): Wrap prompts in the tokenizer's chat template. Default: True.
-        template_kwargs (dict, optional): Chat-template variables (``date_string``).
-        onset_frac (float): Fraction of the onset rule. Default: 0.5.
-        onset_rule (str): ``"sustained"`` (default) or ``"mass"``.
-        top_k (int): Logit-lens top tokens recorded per layer. Default: 0.
-        stride (int): Document mode: step between explained positions. Default: 1.
-        chunk (int): Document mode: positions per forward. Default: 512.
-        attribute_kwargs (dict): ``baselines``, ``method``, ``n_steps``,
-            ``internal_batch_size`` for :meth:`~captum_iglens.IGLens.attribute`.
-    """
-
-    batch_size: int = 8
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    chat_template: bool = True
-    template_kwargs: Optional[dict[str, Any]] = None
-    onset_frac: float = DEFAULT_ONSET_FRAC
-    onset_rule: str = DEFAULT_ONSET_RULE
-    top_k: int = 0
-    stride: int = 1
-    chunk: int = DEFAULT_CHUNK
-    attribute_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RunReport:
-    """What a run did (counts over the whole merged output, in every process).
-
-    Attributes:
-        output (Path): The output file.
-        n_records (int): Records in the input.
-        n_skipped (int): Already in the output when the run started.
-        n_ok (int): Results in the output.
-        n_errors (int): Error records in the output.
-        n_tokens (int): Explained tokens run by this process now.
-        seconds (float): Wall time of this process.
-    """
-
-    output: Path
-    n_records: int
-    n_skipped: int
-    n_ok: int
-    n_errors: int
-    n_tokens: int
-    seconds: float
-
-    def format(self) -> str:
-        """One line: records done, errors, tokens per second."""
-        rate = self.n_tokens / self.seconds if self.seconds > 0 else 0.0
-        return (f"{self.output}: {self.n_ok} results, {self.n_errors} errors of "
-                f"{self.n_records} records ({self.n_skipped} were already done); "
-                f"{self.n_tokens} tokens explained now by this process in {self.seconds:.1f} s "
-                f"({rate:.1f} tokens/s)")
-
-
-@dataclass
-class _Unit:
-    """Records run together: a batch of prompts, one document, or unreadable records."""
-
-    kind: str
-    records: list[Record]
-    jobs: list[Optional[AnswerJob]] = field(default_factory=list)
-    errors: list[Optional[str]] = field(default_factory=list)
+__all__ = ["run_records"]
 
 
 def _error_line(record: Record, error: BaseException | str) -> dict[str, Any]:
@@ -145,72 +67,6 @@ def _ok_line(record: Record, result: IGLensResult, seconds: float) -> dict[str, 
     return line | ({"meta": record.meta} if record.meta else {})
 
 
-def _prepare(record: Record, tokenizer: Any, settings: RunSettings) -> AnswerJob:
-    """Render a prompt record and read its given answer (checks that need no model)."""
-    rendered = render_prompt(tokenizer, record.prompt or "", settings.chat_template,
-                             settings.template_kwargs)
-    job = AnswerJob(record.prompt or "", rendered)
-    if record.answer_ids is not None:
-        job.answer_ids = list(record.answer_ids)
-    elif record.answer is not None:
-        job.answer_ids = target_token_ids(tokenizer, record.answer)
-    elif isinstance(record.target, str):
-        job.answer_ids = target_token_ids(tokenizer, record.target)
-    elif record.target is not None:
-        job.answer_ids = target_ids(record.target)
-    job.foils = foil_ids(tokenizer, record.contrast)
-    job.generated = not job.answer_ids
-    return job
-
-
-def _plan(records: Sequence[Record], tokenizer: Any, settings: RunSettings) -> list[_Unit]:
-    """Units in a deterministic order, the same in every process.
-
-    Unreadable records first, then documents, then prompt batches sorted by prompt length.
-    """
-    units = [_Unit("error", [r], errors=[r.error]) for r in records if r.error]
-    units += [_Unit("document", [r]) for r in records if not r.error and r.is_document]
-    prepared: list[tuple[int, Record, Optional[AnswerJob], Optional[str]]] = []
-    for record in records:
-        if record.error or record.is_document:
-            continue
-        try:
-            job = _prepare(record, tokenizer, settings)
-            prepared.append((len(job.rendered.ids), record, job, None))
-        except (ValueError, TypeError) as err:
-            prepared.append((0, record, None, str(err)))
-    prepared.sort(key=lambda item: (item[0], item[1].index))
-    for begin in range(0, len(prepared), settings.batch_size):
-        part = prepared[begin:begin + settings.batch_size]
-        units.append(_Unit("batch", [p[1] for p in part], [p[2] for p in part],
-                           [p[3] for p in part]))
-    return units
-
-
-def _check_length(job: AnswerJob, model: nn.Module, max_new_tokens: int) -> None:
-    n_answer = max_new_tokens if job.generated else len(job.answer_ids)
-    check_context(model, len(job.rendered.ids), n_answer, generated=job.generated)
-
-
-def _finish_job(job: AnswerJob, record: Record) -> None:
-    """Per-record checks once the answer is known: foils and reported positions."""
-    if not job.answer_ids:
-        raise ValueError("The model generated no token: nothing to explain.")
-    n = len(job.answer_ids)
-    if job.foils is not None:
-        job.foils = contrast_per_token(job.foils, n)
-        same = [t for t in range(n) if job.foils[t] == job.answer_ids[t]]
-        if same:
-            raise ValueError(f"The contrast equals the answer token at answer positions {same}: "
-                             "p(y) - p(foil) is 0 there; choose another foil.")
-    if record.positions is not None:
-        keep = sorted({t + n if t < 0 else t for t in record.positions})
-        if keep[0] < 0 or keep[-1] >= n:
-            raise ValueError(f"positions {record.positions} are out of range for an answer of "
-                             f"{n} tokens (0..{n - 1}, or negative from the end).")
-        job.keep = keep
-
-
 class _Runner:
     """Runs the units of one process and appends their lines."""
 
@@ -219,7 +75,7 @@ class _Runner:
         self.lens, self.tokenizer, self.settings, self.out = lens, tokenizer, settings, out
         self.tokens = 0
 
-    def run(self, unit: _Unit) -> None:
+    def run(self, unit: Unit) -> None:
         start = time.perf_counter()
         if unit.kind == "error":
             self.out.append(_error_line(unit.records[0], unit.errors[0] or "unreadable"))
@@ -242,14 +98,14 @@ class _Runner:
         self.tokens += len(result.tokens)
         self.out.append(_ok_line(record, result, time.perf_counter() - start))
 
-    def _usable(self, unit: _Unit) -> list[tuple[Record, AnswerJob]]:
+    def _usable(self, unit: Unit) -> list[tuple[Record, AnswerJob]]:
         """Checks before generation; failures are written as error records."""
         usable = []
         for record, job, error in zip(unit.records, unit.jobs, unit.errors, strict=True):
             try:
                 if error is not None or job is None:
                     raise ValueError(error or "unreadable record")
-                _check_length(job, self.lens.model, self.settings.max_new_tokens)
+                check_length(job, self.lens.model, self.settings.max_new_tokens)
                 usable.append((record, job))
             except ValueError as err:
                 self.out.append(_error_line(record, err))
@@ -280,7 +136,7 @@ class _Runner:
             return {}
         return {id(job): (recording, row) for row, job in enumerate(todo)}
 
-    def _batch(self, unit: _Unit, start: float) -> None:
+    def _batch(self, unit: Unit, start: float) -> None:
         items = self._usable(unit)
         if not items:
             return
@@ -289,7 +145,7 @@ class _Runner:
         except Exception as err:  # noqa: BLE001 - find the failing record one at a time
             if len(items) > 1:
                 for item in items:
-                    self._batch(_Unit("batch", [item[0]], [item[1]], [None]), start)
+                    self._batch(Unit("batch", [item[0]], [item[1]], [None]), start)
             else:
                 self.out.append(_error_line(items[0][0], err))
             return
@@ -298,11 +154,11 @@ class _Runner:
         ready = []
         for record, job in items:
             try:
-                _finish_job(job, record)
+                finish_job(job, record)
                 ready.append((record, job))
             except ValueError as err:
                 self.out.append(_error_line(record, err))
-        for group in _groups(ready, recorded):
+        for group in batch_groups(ready, recorded):
             self._explain(group, generation, recorded)
 
     def _explain(self, group: list[tuple[Record, AnswerJob]], generation: float,
@@ -331,21 +187,6 @@ class _Runner:
                             job.generated, s.max_new_tokens)
             self.tokens += len(result.tokens)
             self.out.append(_ok_line(record, result, share))
-
-
-def _groups(items: list[tuple[Record, AnswerJob]],
-            recorded: dict[int, tuple[Recording, int]]) -> list[list[tuple[Record, AnswerJob]]]:
-    """Sub-batches explained together: plain and contrastive apart, recorded apart.
-
-    Answers of other lengths share a sub-batch: only each row's own answer positions are read
-    out (:func:`~captum_iglens.text.batched.explain_recorded`, and for given answers one
-    teacher-forced forward, :func:`~captum_iglens.text.batched.explain_batch`).
-    """
-    groups: dict[tuple[bool, bool], list[tuple[Record, AnswerJob]]] = {}
-    for item in items:
-        key = (item[1].foils is not None, id(item[1]) in recorded)
-        groups.setdefault(key, []).append(item)
-    return list(groups.values())
 
 
 def _count(path: Path) -> tuple[int, int]:
@@ -396,7 +237,7 @@ def run_records(model: nn.Module, tokenizer: Any, records: Sequence[Record],
     with run_lock(out.path, enabled=procs.is_main):
         pending = _pending(out, lens, records, settings)
         procs.barrier()  # every process has read what was done before any writes
-        units = _plan(pending, tokenizer, settings)[procs.rank::procs.world_size]
+        units = plan_units(pending, tokenizer, settings)[procs.rank::procs.world_size]
         runner = _Runner(lens, tokenizer, settings, out)
         out.open()
         _run_units(units, runner, procs, progress, start)
@@ -437,7 +278,7 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     return [r for r in records if done.get(r.id, "") != out.input_hashes[r.id]]
 
 
-def _run_units(units: list[_Unit], runner: _Runner, procs: Processes, progress: bool,
+def _run_units(units: list[Unit], runner: _Runner, procs: Processes, progress: bool,
                start: float) -> None:
     total = sum(len(u.records) for u in units)
     desc = f"iglens run [{procs.rank}]" if procs.world_size > 1 else "iglens run"

@@ -1,6 +1,6 @@
 """Summaries of a results file: pooled credits, onsets, report, plots, HTML.
 
-The public names of ``captum_iglens.summary.pool`` are imported on first use (PEP 562)
+The public names of ``captum_iglens.summary`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.summary.pool`.
 """
 

@@ -1,6 +1,6 @@
 """Prompt -> chat template -> answer -> IG-Lens result (one prompt, a batch, a document).
 
-The public names of ``captum_iglens.text.explain_prompt`` are imported on first use (PEP 562)
+The public names of ``captum_iglens.text`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.text.explain_prompt`.
 """
 

@@ -1,6 +1,6 @@
 """The causal validation of onset layers: ablation, patching, statistics, reports.
 
-The public names of ``captum_iglens.validate.driver`` are imported on first use (PEP 562)
+The public names of ``captum_iglens.validate`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.validate.driver`.
 """
 

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import captum_iglens  # noqa: E402
 from captum_iglens.cli import COMMANDS, UsageError, build_parser, main, parse_args  # noqa: E402
-from captum_iglens.cli._options import resolve_layers  # noqa: E402
+from captum_iglens.cli._layer_options import resolve_layers
 from captum_iglens.cli.compare import DEFAULT_K  # noqa: E402
 from captum_iglens.models import loading as models  # noqa: E402
 from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer  # noqa: E402

@@ -38,7 +38,8 @@ from captum_iglens.cli import main
 from captum_iglens.lens.context import max_sequence_length
 from captum_iglens.run.records import read_records
 from captum_iglens.run.results_file import read_lines
-from captum_iglens.run.runner import RunSettings, run_records
+from captum_iglens.run.runner import run_records
+from captum_iglens.run.settings import RunSettings
 from captum_iglens.text.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.text.document import document_positions, explain_document
 from captum_iglens.text.explain_prompt import explain_ids, generate_answer

@@ -14,7 +14,8 @@ from tiny_tokenizer import word_tokenizer
 
 from captum_iglens.run.fingerprint import RunMismatchError, run_fingerprint, run_lock
 from captum_iglens.run.records import read_records
-from captum_iglens.run.runner import RunSettings, run_records
+from captum_iglens.run.runner import run_records
+from captum_iglens.run.settings import RunSettings
 
 SETTINGS = RunSettings(batch_size=2, max_new_tokens=3, chat_template=False)
 

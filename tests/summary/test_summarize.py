@@ -25,14 +25,10 @@ from matplotlib.figure import Figure  # noqa: E402
 from captum_iglens import explain_ids  # noqa: E402
 from captum_iglens.cli import main  # noqa: E402
 from captum_iglens.models import loading as models
+from captum_iglens.summary.bootstrap import cluster_mean_ci
 from captum_iglens.summary.html import render_html  # noqa: E402
 from captum_iglens.summary.plot import plot_summary  # noqa: E402
-from captum_iglens.summary.pool import (  # noqa: E402
-    RunSummary,
-    cluster_mean_ci,
-    load_results,
-    summarize,
-)
+from captum_iglens.summary.pool import RunSummary, load_results, summarize
 
 LAYERS = [0, 2, 3, 4]
 N_RECORDS = 8

@@ -11,7 +11,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from captum_iglens.run.records import read_records
-from captum_iglens.run.runner import RunSettings, run_records
+from captum_iglens.run.runner import run_records
+from captum_iglens.run.settings import RunSettings
 
 SETTINGS = RunSettings(batch_size=1, chat_template=False)
 
