@@ -8,34 +8,22 @@ of each foil, for contrastive targets) is kept for the readout check (Invariant 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from captum_iglens._core.baselines import (
     MEAN_BASELINE_LAYER,
-    check_reference_ids,
-    is_reference_ids,
     residual_baseline,
 )
 from captum_iglens._core.estimators import PathNodes
-from captum_iglens._core.inputs import (
-    check_explained,
-    check_not_padding,
-    check_sequence_length,
-    check_token_ids,
-    forward_kwargs,
-    normalise_positions,
-    warn_if_unmasked_padding,
-)
+from captum_iglens._core.request import PathRequest
 from captum_iglens._core.targets import normalise_contrast, normalise_target
-from captum_iglens._typing import BaselineSpec, PositionSpec, TargetSpec
-from captum_iglens.lens.architectures import unwrap_model, vocab_size
-from captum_iglens.lens.context import max_sequence_length
+from captum_iglens._typing import BaselineSpec, TargetSpec
 from captum_iglens.lens.hooks import forward_with_capture
 from captum_iglens.lens.readout import ModelDistribution
-from captum_iglens.lens.state import execution_device, forward_parameters
+from captum_iglens.lens.spec import LensSpec
 
 __all__ = ["PathCapture", "capture_path", "paths_from_states", "recorded_layers"]
 
@@ -88,10 +76,6 @@ class PathCapture:
         )
 
 
-def _readout_device(readout: Callable[[Tensor], Tensor]) -> Optional[torch.device]:
-    return execution_device(readout) if isinstance(readout, nn.Module) else None
-
-
 def _model_distribution(logits: Tensor, positions: list[int], seq_len: int,
                         device: Optional[torch.device]) -> ModelDistribution:
     if logits.shape[1] == seq_len:
@@ -106,63 +90,40 @@ def _model_probs(log_probs: Tensor, path: PathNodes) -> Tensor:
     return probs if path.contrast is not None else probs[..., 0]
 
 
-def capture_path(
-    model: nn.Module,
-    blocks: nn.ModuleList,
-    readout: Callable[[Tensor], Tensor],
-    layer_indices: tuple[int, ...],
-    inputs: Tensor,
-    target: TargetSpec,
-    positions: PositionSpec,
-    baselines: BaselineSpec,
-    additional_forward_args: Any,
-    contrast: TargetSpec = None,
-    explained: Optional[Tensor] = None,
-) -> PathCapture:
+def capture_path(spec: LensSpec, request: PathRequest, *, target: TargetSpec,
+                 baselines: BaselineSpec, contrast: TargetSpec = None) -> PathCapture:
     """Run the model once (twice with reference ids) and build the paths.
 
-    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`, plus the model's
-    decoder blocks, its readout and the chosen hidden-state indices. With ``explained``
-    (``[B, P]`` bool), only those pairs must be real tokens with a foil unlike the target.
+    Args:
+        spec (LensSpec): The lens: model, decoder blocks, readout, chosen layers.
+        request (PathRequest): The checked inputs (:meth:`PathRequest.parse`).
+        target: Target ids, as :meth:`~captum_iglens.IGLens.attribute` takes them.
+        baselines: The baseline, as :meth:`~captum_iglens.IGLens.attribute` takes it.
+        contrast: Foil ids or ``None``. With ``request.explained``, only those pairs need
+            a foil unlike the target.
 
     Raises:
-        ValueError, TypeError: bad inputs, positions, targets or baselines (see
-            :mod:`captum_iglens._core.inputs` and :mod:`captum_iglens._core.baselines`).
+        ValueError, TypeError: bad targets, foils or baselines (see
+            :mod:`captum_iglens._core.targets` and :mod:`captum_iglens._core.baselines`).
         FloatingPointError: NaN or inf in a residual.
         ResidualShapeError: a decoder block's output is not a ``[B, S, d]`` residual stream.
     """
-    vocab = vocab_size(model)
-    inputs = check_token_ids(inputs, vocab)
-    reference = (check_reference_ids(baselines, inputs, vocab)
-                 if is_reference_ids(baselines) else None)
-    pos_list, single = normalise_positions(positions, inputs.shape[1])
-    params = forward_parameters(model)
-    kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
-    check_sequence_length(max_sequence_length(model), inputs, kwargs)
-    explained = check_explained(explained, inputs.shape[0], len(pos_list))
-    check_not_padding(mask, pos_list, explained)
-    config = getattr(unwrap_model(model), "config", None)
-    warn_if_unmasked_padding(inputs, pos_list, getattr(config, "pad_token_id", None), mask)
-    needed, whole = recorded_layers(layer_indices, baselines)
-    # Only the explained positions need the model's own logits: skip the unembedding
-    # elsewhere where the model supports it.
-    if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
-        kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
-    device = _readout_device(readout)
-    states, logits = forward_with_capture(model, blocks, inputs, kwargs, needed, device, mask,
-                                          pos_list, whole)
-    dist = _model_distribution(logits, pos_list, inputs.shape[1], device)
-    tgt = normalise_target(target, inputs.shape[0], len(pos_list), dist.log_probs.argmax(-1),
-                           dist.log_probs.shape[-1])
+    inputs, pos_list, kwargs = request.input_ids, request.positions, request.forward_kwargs
+    needed, whole = recorded_layers(spec.layer_indices, baselines)
+    device = spec.readout_device
+    states, logits = forward_with_capture(spec.model, spec.decoder_blocks, inputs, kwargs,
+                                          needed, device, request.mask, pos_list, whole)
+    dist = _model_distribution(logits, pos_list, request.seq_len, device)
     base = None
-    if reference is not None:
-        last = len(blocks)
-        ref_states, _ = forward_with_capture(model, blocks, reference, kwargs, {last}, device,
-                                             mask, pos_list)
+    if request.reference_ids is not None:
+        last = spec.num_layers
+        ref_states, _ = forward_with_capture(spec.model, spec.decoder_blocks,
+                                             request.reference_ids, kwargs, {last}, device,
+                                             request.mask, pos_list)
         base = ref_states[last]
-    return paths_from_states(states, dist, layer_indices, pos_list, mask, tgt, contrast,
-                             baselines, explained, inputs.shape[1], single, base,
-                             position_ids=kwargs.get("position_ids"))
+    return paths_from_states(states, dist, spec.layer_indices, pos_list, request.mask, target,
+                             contrast, baselines, request.explained, request.seq_len,
+                             request.single, base, position_ids=request.position_ids)
 
 
 def recorded_layers(layer_indices: Sequence[int],

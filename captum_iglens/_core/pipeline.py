@@ -21,6 +21,7 @@ from captum_iglens._core.estimators import (
     read_nodes,
     warn_if_not_converged,
 )
+from captum_iglens._core.request import PathRequest
 from captum_iglens._typing import BaselineSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.architectures import vocab_size
 from captum_iglens.lens.readout import chunk_rows, readout_top_k
@@ -177,9 +178,9 @@ def capture_lens_path(
 
     See :func:`~captum_iglens._core.capture.capture_path`.
     """
-    return capture_path(spec.model, spec.decoder_blocks, spec.readout, spec.layer_indices,
-                        inputs, target, positions, baselines, additional_forward_args,
-                        contrast, explained)
+    request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
+                                explained)
+    return capture_path(spec, request, target=target, baselines=baselines, contrast=contrast)
 
 
 def run_lens(

@@ -30,6 +30,7 @@ from captum_iglens._core.pipeline import (
     readout_chunk,
     run_lens,
 )
+from captum_iglens._core.request import PathRequest
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.sublayer import capture_half_residuals
 
@@ -78,6 +79,8 @@ def capture_sublayer_path(
     Raises:
         As :func:`~captum_iglens._core.capture.capture_path`.
     """
+    request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
+                                explained)
     half: dict[int, Tensor] = _FirstWrite()
     head_inputs: dict[int, Tensor] = _FirstWrite()
     chosen = [index for index in spec.layer_indices if index]
@@ -87,9 +90,8 @@ def capture_sublayer_path(
         if spec.heads:
             stack.enter_context(capture_head_inputs(spec.decoder_blocks, chosen,
                                                     spec.head_site, head_inputs))
-        cap = capture_path(spec.model, spec.decoder_blocks, spec.readout, spec.layer_indices,
-                           inputs, target, positions, baselines, additional_forward_args,
-                           contrast, explained)
+        cap = capture_path(spec, request, target=target, baselines=baselines,
+                           contrast=contrast)
     nodes = _interleave(cap.path.nodes, half, spec.layer_indices, cap.positions)
     cap.path = replace(cap.path, nodes=nodes)
     return cap, dict(head_inputs)

@@ -1,0 +1,98 @@
+"""One attribution's inputs, parsed and checked once at the boundary.
+
+:meth:`PathRequest.parse` runs every check of the token ids, positions, reference ids,
+forward arguments, padding and sequence length; the stages after it (capture, baseline,
+estimators) trust what it holds and check nothing again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from captum_iglens._core.baselines import check_reference_ids, is_reference_ids
+from captum_iglens._core.inputs import (
+    check_explained,
+    check_not_padding,
+    check_sequence_length,
+    check_token_ids,
+    forward_kwargs,
+    normalise_positions,
+    warn_if_unmasked_padding,
+)
+from captum_iglens._typing import BaselineSpec, PositionSpec
+from captum_iglens.lens.architectures import unwrap_model
+from captum_iglens.lens.context import max_sequence_length
+from captum_iglens.lens.spec import LensSpec
+from captum_iglens.lens.state import forward_parameters
+
+__all__ = ["PathRequest"]
+
+
+@dataclass(frozen=True)
+class PathRequest:
+    """The checked inputs of one attribution.
+
+    Attributes:
+        input_ids (Tensor): ``[B, S]`` int64 token ids, all inside the vocabulary.
+        positions (list[int]): The ``P`` explained positions (non-negative, distinct).
+        single (bool): One int position was asked for (results drop the ``P`` axis).
+        forward_kwargs (dict): The keyword arguments of the model's forward (attention
+            mask, position ids derived from it, ``logits_to_keep`` where supported).
+        mask (Tensor, optional): ``[B, S]`` attention mask (1 = real token).
+        explained (Tensor, optional): ``[B, P]`` bool, the pairs to read out (``None``: all).
+        reference_ids (Tensor, optional): ``[B, S]`` reference token ids (the baseline is
+            then their last-block residual).
+    """
+
+    input_ids: Tensor
+    positions: list[int]
+    single: bool
+    forward_kwargs: dict[str, Any]
+    mask: Optional[Tensor]
+    explained: Optional[Tensor]
+    reference_ids: Optional[Tensor]
+
+    @property
+    def seq_len(self) -> int:
+        """``S``."""
+        return int(self.input_ids.shape[1])
+
+    @property
+    def position_ids(self) -> Optional[Tensor]:
+        """``[B, S]`` the forward's position ids (``None``: the model's own ``0..S-1``)."""
+        return self.forward_kwargs.get("position_ids")
+
+    @classmethod
+    def parse(cls, spec: LensSpec, inputs: Tensor, positions: PositionSpec,
+              baselines: BaselineSpec, additional_forward_args: Any,
+              explained: Optional[Tensor] = None) -> PathRequest:
+        """Check the arguments of :meth:`~captum_iglens.IGLens.attribute_details` once.
+
+        Raises:
+            ValueError, TypeError: bad token ids, positions, reference ids, forward
+                arguments or ``explained``; an explained position that is padding; a
+                sequence longer than the model can position (see
+                :mod:`captum_iglens._core.inputs`).
+        """
+        model, vocab = spec.model, spec.vocab_size
+        inputs = check_token_ids(inputs, vocab)
+        reference = (check_reference_ids(baselines, inputs, vocab)
+                     if is_reference_ids(baselines) else None)
+        pos_list, single = normalise_positions(positions, inputs.shape[1])
+        params = forward_parameters(model)
+        kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
+        check_sequence_length(max_sequence_length(model), inputs, kwargs)
+        explained = check_explained(explained, inputs.shape[0], len(pos_list))
+        check_not_padding(mask, pos_list, explained)
+        config = getattr(unwrap_model(model), "config", None)
+        warn_if_unmasked_padding(inputs, pos_list, getattr(config, "pad_token_id", None), mask)
+        # Only the explained positions need the model's own logits: skip the unembedding
+        # elsewhere where the model supports it.
+        if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
+            kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
+        return cls(input_ids=inputs, positions=pos_list, single=single, forward_kwargs=kwargs,
+                   mask=mask, explained=explained, reference_ids=reference)
