@@ -17,6 +17,9 @@ _EXPORTS = {
     "compare_completeness": "captum_iglens.compare.driver",
     "ESTIMATORS": "captum_iglens._core.estimators",
     "METHODS": "captum_iglens._core.estimators",
+    "register_estimator": "captum_iglens._core.estimators",
+    "register_family": "captum_iglens.lens.registry",
+    "LensSpec": "captum_iglens.lens.spec",
     "IGLens": "captum_iglens.ig_lens",
     "LLMIGLensAttribution": "captum_iglens.llm_attr",
     "onset_layer_indices": "captum_iglens._core.onset",
@@ -35,7 +38,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # the names as a type checker and an IDE see them
     from captum_iglens._core.baselines import BASELINES
-    from captum_iglens._core.estimators import ESTIMATORS, METHODS
+    from captum_iglens._core.estimators import ESTIMATORS, METHODS, register_estimator
     from captum_iglens._core.onset import onset_layer_indices
     from captum_iglens.compare.driver import compare_completeness
     from captum_iglens.ig_lens import IGLens
@@ -46,6 +49,8 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
         resolve_layout,
     )
     from captum_iglens.lens.readout import LensReadout, ReadoutMismatchError, resolve_readout
+    from captum_iglens.lens.registry import register_family
+    from captum_iglens.lens.spec import LensSpec
     from captum_iglens.llm_attr import LLMIGLensAttribution
     from captum_iglens.results import (
         CompletenessBatch,
@@ -89,12 +94,15 @@ __all__ = [
     "IGLensResult",
     "LLMIGLensAttribution",
     "LensReadout",
+    "LensSpec",
     "ReadoutMismatchError",
     "UnknownArchitectureError",
     "compare_completeness",
     "explain",
     "explain_ids",
     "onset_layer_indices",
+    "register_estimator",
+    "register_family",
     "resolve_decoder_blocks",
     "resolve_layout",
     "resolve_readout",

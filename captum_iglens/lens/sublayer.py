@@ -82,7 +82,13 @@ def _config(model: nn.Module) -> object:
     return getattr(config, "text_config", None) or config
 
 
+#: Half-block sites added by :func:`~captum_iglens.lens.registry.register_family`.
+REGISTERED_SITES: dict[str, HalfBlockSite] = {}
+
+
 def _site_by_family(kind: str, config: object) -> Optional[HalfBlockSite]:
+    if kind in REGISTERED_SITES:
+        return REGISTERED_SITES[kind]
     if kind in _SEQUENTIAL:
         return HalfBlockSite("input", _SEQUENTIAL[kind])
     if kind in _PARALLEL:
