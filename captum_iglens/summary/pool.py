@@ -96,7 +96,9 @@ def is_contrastive(record: dict) -> bool:
 
 def _kind_words(kind: tuple[tuple[int, ...], str, bool]) -> str:
     layers, units, contrastive = kind
-    return (f"layers {list(layers)}, units {units}, "
+    sub = units.endswith(", granularity sublayer")
+    shown = layer_names(layers, "sublayer") if sub else list(layers)
+    return (f"layers {shown}, units {units}, "
             f"{'contrastive' if contrastive else 'not contrastive'}")
 
 

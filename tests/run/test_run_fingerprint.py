@@ -126,3 +126,26 @@ def test_summarize_refuses_to_pool_two_runs_unless_told(source, tmp_path, capsys
     assert main(["summarize", str(mixed)]) == 1
     assert "different runs" in capsys.readouterr().err
     assert main(["summarize", "--allow-mixed-runs", str(mixed)]) == 0
+
+
+def test_resuming_at_another_granularity_is_refused(source, tmp_path) -> None:
+    # a sub-layer run's lines hold 2k credits: mixing them with a block run's k credits
+    # under one fingerprint would break every summary of the file
+    from captum_iglens import IGLens
+
+    model = make_tiny("llama").eval()
+    more = _write(tmp_path / "more.jsonl", [{"id": "a", "prompt": "w3 w4 w5"},
+                                            {"id": "b", "prompt": "w6 w7"},
+                                            {"id": "c", "prompt": "w8 w9"}])
+    for first, then in (("block", "sublayer"), ("sublayer", "block")):
+        out = tmp_path / f"{first}.jsonl"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_records(model, word_tokenizer(), read_records(source), out, SETTINGS,
+                        progress=False, lens=IGLens(model, granularity=first))
+        before = out.read_bytes()
+        with pytest.raises(RunMismatchError,
+                           match=f"granularity: '{first}' there, '{then}' now"):
+            run_records(model, word_tokenizer(), read_records(more), out, SETTINGS,
+                        progress=False, lens=IGLens(model, granularity=then))
+        assert out.read_bytes() == before

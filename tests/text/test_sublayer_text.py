@@ -126,3 +126,10 @@ def test_captum_llm_attribution_names_sublayer_columns(tiny) -> None:
     assert res.input_tokens[:2] == ["L1.attn", "L1.mlp"]
     assert res.token_attr.shape == (2, 6)
     assert_complete(res)
+
+
+def test_cli_heads_need_a_json_export(capsys) -> None:
+    # the table and plot show attention totals: head credits without --json would be lost
+    assert main(["explain", "--granularity", "sublayer", "--heads", PROMPT]) == 2
+    assert "--heads writes per-head credits to the JSON export only" in (
+        capsys.readouterr().err)
