@@ -80,7 +80,8 @@ def _lens_vs_logit_lens(model, tokenizer, repeats: int) -> dict:
 
 def _run_throughput(model, tokenizer, n_prompts: int, batch: int) -> float:
     from captum_iglens.run.records import Record
-    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.run.runner import run_records
+    from captum_iglens.run.settings import RunSettings
     from captum_iglens.validate.driver import load_prompts
 
     texts = (load_prompts() * 4)[:n_prompts]

@@ -72,7 +72,8 @@ def bench_batched(args: argparse.Namespace) -> None:
     from captum_iglens import IGLens, explain
     from captum_iglens.models.loading import load_model
     from captum_iglens.run.records import Record
-    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.run.runner import run_records
+    from captum_iglens.run.settings import RunSettings
     from captum_iglens.text.generation import generate_batch
     from captum_iglens.text.prompts import render_prompt
 

@@ -121,7 +121,8 @@ def lens_sections(lens: Any, tokenizer: Any, sz: Sizes, device: torch.device) ->
 def run_section(lens: Any, tokenizer: Any, sz: Sizes, device: torch.device) -> dict:
     """Section 3: a dataset run against batched generation alone, same prompts and batches."""
     from captum_iglens.run.records import Record
-    from captum_iglens.run.runner import RunSettings, run_records
+    from captum_iglens.run.runner import run_records
+    from captum_iglens.run.settings import RunSettings
     from captum_iglens.text.generation import generate_batch
 
     texts = prompts(sz.prompts)
