@@ -57,7 +57,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from captum_iglens import IGLens
-    from captum_iglens._progress import progress_bars
+    from captum_iglens._utils.progress import progress_bars
     from captum_iglens.models.loading import load_model
     from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 

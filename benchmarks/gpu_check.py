@@ -213,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, dict]:
                         help="the smallest sizes (the default without CUDA)")
     args = parser.parse_args(argv)
     _quiet()
-    from captum_iglens._progress import progress_bars
+    from captum_iglens._utils.progress import progress_bars
     from captum_iglens.models.loading import load_model
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

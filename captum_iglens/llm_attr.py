@@ -19,8 +19,8 @@ import torch
 from captum.attr import LLMAttributionResult, LLMGradientAttribution, TextTokenInput
 from torch import Tensor
 
-from captum_iglens._captum_compat import InterpretableInput, convert_ids_to_pretty_tokens
-from captum_iglens._format import layer_names
+from captum_iglens._utils.captum_compat import InterpretableInput, convert_ids_to_pretty_tokens
+from captum_iglens._utils.format import layer_names
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.results import IGLensLLMAttributionResult
 from captum_iglens.results.captum_view import split_baseline_readout

@@ -137,8 +137,7 @@ def test_settings_agree_with_the_registries() -> None:
 
 #: The one-way order of the package's parts: a part imports only parts of its rank or lower.
 RANKS = {
-    **dict.fromkeys(("_typing", "_format", "settings", "_lazy", "_progress", "_display",
-                     "_captum_compat", "results", "plot"), 0),
+    **dict.fromkeys(("_utils", "settings", "results", "plot"), 0),
     "lens": 1, "models": 1, "_core": 2, "ig_lens": 3, "text": 4,
     **dict.fromkeys(("llm_attr", "run", "validate", "compare", "testing"), 5),
     "summary": 6, "cli": 7, "__main__": 8,

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import make_tiny
 
-import captum_iglens._progress as progress
+import captum_iglens._utils.progress as progress
 from captum_iglens import IGLens
-from captum_iglens._progress import progress_bars, progress_enabled
+from captum_iglens._utils.progress import progress_bars, progress_enabled
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._typing import BaselineSpec
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import input_embeddings, vocab_size
 from captum_iglens.settings import BASELINES as SETTINGS_BASELINES
 

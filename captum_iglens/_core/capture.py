@@ -20,7 +20,7 @@ from captum_iglens._core.baselines import (
 from captum_iglens._core.estimators import PathNodes
 from captum_iglens._core.request import PathRequest
 from captum_iglens._core.targets import normalise_contrast, normalise_target
-from captum_iglens._typing import BaselineSpec, TargetSpec
+from captum_iglens._utils.typing import BaselineSpec, TargetSpec
 from captum_iglens.lens.hooks import forward_with_capture
 from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.spec import LensSpec

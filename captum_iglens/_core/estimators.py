@@ -25,9 +25,12 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from captum_iglens._captum_compat import CAPTUM_APPROXIMATION_METHODS, approximation_parameters
-from captum_iglens._progress import progress_bar
-from captum_iglens._typing import Readout
+from captum_iglens._utils.captum_compat import (
+    CAPTUM_APPROXIMATION_METHODS,
+    approximation_parameters,
+)
+from captum_iglens._utils.progress import progress_bar
+from captum_iglens._utils.typing import Readout
 from captum_iglens.lens.readout import (
     ReadoutMismatchError,
     lens_values,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_iglens._typing import PositionSpec, is_int
+from captum_iglens._utils.typing import PositionSpec, is_int
 
 __all__ = [
     "warn_if_unmasked_padding",

@@ -22,7 +22,7 @@ from captum_iglens._core.estimators import (
     warn_if_not_converged,
 )
 from captum_iglens._core.request import PathRequest
-from captum_iglens._typing import BaselineSpec, PositionSpec, TargetSpec, is_int
+from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.architectures import vocab_size
 from captum_iglens.lens.readout import chunk_rows, readout_top_k
 from captum_iglens.lens.readout_check import check_distribution_errors, check_readout

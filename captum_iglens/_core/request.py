@@ -23,7 +23,7 @@ from captum_iglens._core.inputs import (
     normalise_positions,
     warn_if_unmasked_padding,
 )
-from captum_iglens._typing import BaselineSpec, PositionSpec
+from captum_iglens._utils.typing import BaselineSpec, PositionSpec
 from captum_iglens.lens.architectures import unwrap_model
 from captum_iglens.lens.context import max_sequence_length
 from captum_iglens.lens.spec import LensSpec

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_iglens._typing import TargetSpec
+from captum_iglens._utils.typing import TargetSpec
 
 __all__ = ["normalise_contrast", "normalise_target"]
 

@@ -20,7 +20,7 @@ import textwrap
 import warnings
 from typing import Optional, Sequence
 
-from captum_iglens._progress import progress_bars
+from captum_iglens._utils.progress import progress_bars
 from captum_iglens.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,

@@ -4,7 +4,7 @@ The public names of ``captum_iglens.compare`` are imported on first use (PEP 562
 from :mod:`captum_iglens.compare.driver`.
 """
 
-from captum_iglens._lazy import lazy_exports
+from captum_iglens._utils.lazy import lazy_exports
 
 __all__ = [
     'COMPARE_METHODS', 'COMPARE_RUNNERS', 'CompletenessBatch', 'CompletenessReport',

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from captum_iglens._core.baselines import describe_input_baseline, input_baseline_ids
 from captum_iglens._core.inputs import check_token_ids, normalise_positions, position_ids_from_mask
 from captum_iglens._core.targets import normalise_target
-from captum_iglens._typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec, is_int
+from captum_iglens._utils.typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.compare.runners import (
     COMPARE_METHODS,
     COMPARE_RUNNERS,

@@ -18,8 +18,8 @@ from captum.attr import LayerConductance, LayerIntegratedGradients
 from torch import Tensor, nn
 
 from captum_iglens._core.inputs import position_ids_from_mask
-from captum_iglens._progress import progress_bar
-from captum_iglens._typing import BaselineSpec
+from captum_iglens._utils.progress import progress_bar
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import input_embeddings
 from captum_iglens.lens.hooks import residual_tap

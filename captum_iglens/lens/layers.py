@@ -10,7 +10,7 @@ from typing import Optional
 
 from torch import nn
 
-from captum_iglens._typing import LayerSpec, is_int
+from captum_iglens._utils.typing import LayerSpec, is_int
 
 __all__ = ["resolve_layer_indices"]
 

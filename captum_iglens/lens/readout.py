@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._typing import Readout, is_int
+from captum_iglens._utils.typing import Readout, is_int
 from captum_iglens.lens.architectures import locate_parts
 from captum_iglens.lens.distribution import (
     ModelDistribution,

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from captum_iglens._typing import Readout
+from captum_iglens._utils.typing import Readout
 from captum_iglens.lens.distribution import (
     ModelDistribution,
     distribution_tolerance,

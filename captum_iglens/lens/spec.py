@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from captum_iglens._typing import LayerSpec, Readout
+from captum_iglens._utils.typing import LayerSpec, Readout
 from captum_iglens.lens.architectures import (
     display_name,
     input_embeddings,
@@ -114,7 +114,7 @@ class LensSpec:
         """The credited nodes: ``layer_indices``, or the sub-layer node indices.
 
         With ``granularity="sublayer"``: 0 for the embedding, ``2L - 1`` for ``L.attn`` and
-        ``2L`` for ``L.mlp``; :func:`~captum_iglens._format.layer_names` names them.
+        ``2L`` for ``L.mlp``; :func:`~captum_iglens._utils.format.layer_names` names them.
         """
         if self.granularity == "sublayer":
             return sublayer_node_indices(self.layer_indices)

@@ -4,7 +4,7 @@ The public names of ``captum_iglens.models`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.models.loading`.
 """
 
-from captum_iglens._lazy import lazy_exports
+from captum_iglens._utils.lazy import lazy_exports
 
 __all__ = [
     'DEFAULT_MODEL', 'CacheError', 'cache_root', 'default_gguf_path', 'load_model',

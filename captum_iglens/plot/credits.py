@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from captum_iglens._format import readout_words, total_symbol
+from captum_iglens._utils.format import readout_words, total_symbol
 from captum_iglens.plot.completeness import plot_completeness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -161,7 +161,7 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
     """
     from matplotlib.colors import Normalize
 
-    from captum_iglens._display import layer_labels
+    from captum_iglens._utils.display import layer_labels
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     limit = float(np.abs(attr).max()) if attr.size else 0.0
@@ -291,7 +291,7 @@ def plot_result(
         ValueError: an unknown ``display``, or ``"log-probability"`` for a contrastive or
             log-unit result.
     """
-    from captum_iglens._display import display_attributions
+    from captum_iglens._utils.display import display_attributions
 
     values, label = display_attributions(result, display)
     attr = values.numpy()
@@ -334,7 +334,7 @@ def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = 
     Returns:
         matplotlib.figure.Figure
     """
-    from captum_iglens._display import display_attributions
+    from captum_iglens._utils.display import display_attributions
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     labels_in = 4.2 if result.contrastive else 3.2  # token labels and colour bar

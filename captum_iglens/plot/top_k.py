@@ -79,7 +79,7 @@ def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]]
 
 def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in: float) -> None:
     """The logit lens's top-1 token per answer token (rows) and layer (columns)."""
-    from captum_iglens._display import layer_labels
+    from captum_iglens._utils.display import layer_labels
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     ax.set_xlim(-0.5, k - 0.5)
@@ -137,7 +137,7 @@ def plot_top_k(
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure
 
-    from captum_iglens._display import layer_labels
+    from captum_iglens._utils.display import layer_labels
 
     ranks = _check(result, top_k)
     chosen = list(range(min(len(result.tokens), max_panels))) if tokens is None else list(tokens)

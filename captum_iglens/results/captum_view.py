@@ -17,7 +17,7 @@ import torch
 from captum.attr import LLMAttributionResult
 from torch import Tensor
 
-from captum_iglens._display import DISPLAYS, row_normalised
+from captum_iglens._utils.display import DISPLAYS, row_normalised
 from captum_iglens.settings import DEFAULT_UNITS
 
 __all__ = ["IGLensLLMAttributionResult", "split_baseline_readout"]
@@ -166,10 +166,10 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
     def to_visualization_records(self, normalize: bool = True) -> list[Any]:
         """One ``captum.attr.visualization.VisualizationDataRecord`` per answer token.
 
-        See :func:`~captum_iglens._display.visualization_records`; feed them to
+        See :func:`~captum_iglens._utils.display.visualization_records`; feed them to
         ``captum.attr.visualization.visualize_text``.
         """
-        from captum_iglens._display import visualization_records
+        from captum_iglens._utils.display import visualization_records
 
         attr = self.token_attr if self.token_attr is not None else torch.zeros(0, 0)
         return visualization_records(

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens._format import fmt, layer_names, num
+from captum_iglens._utils.format import fmt, layer_names, num
 from captum_iglens.results._bounds import bound_words, isclose_bound, worst_layer
 
 __all__ = ["CAPTUM_LAYER_METHODS", "CompletenessReport", "MethodCompleteness"]

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from captum_iglens._format import layer_names
+from captum_iglens._utils.format import layer_names
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
     DEFAULT_GRANULARITY,
@@ -294,14 +294,14 @@ class IGLensResult:
         (each row scaled to its largest ``|credit|`` with ``normalize``, default); the
         record's score is the row's sum (``Δp``), its probability ``p_final``, its
         convergence score the completeness error. See
-        :func:`~captum_iglens._display.visualization_records`.
+        :func:`~captum_iglens._utils.display.visualization_records`.
 
         Examples::
 
             >>> from captum.attr.visualization import visualize_text
             >>> visualize_text(result.to_visualization_records())
         """
-        from captum_iglens._display import layer_labels, visualization_records
+        from captum_iglens._utils.display import layer_labels, visualization_records
 
         return visualization_records(self.attributions,
                                      layer_labels(self.layer_indices, self.granularity),

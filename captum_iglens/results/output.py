@@ -47,7 +47,7 @@ class IGLensOutput:
         granularity (str): ``"block"`` (``layer_indices`` are hidden-state indices) or
             ``"sublayer"`` (they are sub-layer node indices: ``2L - 1`` for ``L.attn``,
             ``2L`` for ``L.mlp`` = ``h_L``, 0 for the embedding; names from
-            :func:`~captum_iglens._format.layer_names`).
+            :func:`~captum_iglens._utils.format.layer_names`).
         head_credits (Tensor, optional): ``[B, P, A, H]`` credit of each head ``H`` in the
             attention segment of each of the ``A`` chosen blocks ``L >= 1`` (``heads=True``).
         head_rest (Tensor, optional): ``[B, P, A]`` what the heads do not hold: the output

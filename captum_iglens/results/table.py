@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-from captum_iglens._format import readout_words, shorten, total_symbol
+from captum_iglens._utils.format import readout_words, shorten, total_symbol
 
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
@@ -56,7 +56,7 @@ def _head(result: IGLensResult, cols: list[int], w: int = 6) -> list[str]:
 
 
 def _block(result: IGLensResult, cols: list[int]) -> list[str]:
-    from captum_iglens._display import layer_labels
+    from captum_iglens._utils.display import layer_labels
 
     names = layer_labels(result.layer_indices, result.granularity)
     _, total, final = _row_names(result)

@@ -4,7 +4,7 @@ The public names of ``captum_iglens.run`` are imported on first use (PEP 562) fr
 :mod:`captum_iglens.run.runner` and :mod:`captum_iglens.run.settings`.
 """
 
-from captum_iglens._lazy import lazy_exports
+from captum_iglens._utils.lazy import lazy_exports
 
 __all__ = ["RunReport", "RunSettings", "run_records"]
 

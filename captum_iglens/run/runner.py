@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence, Union
 
 from torch import nn
 
-from captum_iglens._progress import progress_bar
+from captum_iglens._utils.progress import progress_bar
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import strip_parallel
 from captum_iglens.results import IGLensResult

@@ -4,7 +4,7 @@ The public names of ``captum_iglens.summary`` are imported on first use (PEP 562
 from :mod:`captum_iglens.summary.pool`.
 """
 
-from captum_iglens._lazy import lazy_exports
+from captum_iglens._utils.lazy import lazy_exports
 
 __all__ = ['N_SLOWEST', 'RunSummary', 'load_results', 'summarize']
 

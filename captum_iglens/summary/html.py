@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Any, Optional, Sequence
 
-from captum_iglens._format import layer_names, shorten, total_symbol
+from captum_iglens._utils.format import layer_names, shorten, total_symbol
 from captum_iglens.summary.plot import figure_png_base64, plot_summary
 from captum_iglens.summary.pool import RunSummary
 from captum_iglens.summary.report import record_name

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from captum_iglens._format import layer_names, num, shorten
+from captum_iglens._utils.format import layer_names, num, shorten
 from captum_iglens.run.reader import check_one_run, load_results
 from captum_iglens.settings import DEFAULT_GRANULARITY, DEFAULT_UNITS
 from captum_iglens.summary.bootstrap import cluster_mean_ci

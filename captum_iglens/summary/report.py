@@ -6,7 +6,7 @@ import math
 import textwrap
 from typing import Any, Sequence
 
-from captum_iglens._format import fmt, shorten, total_symbol
+from captum_iglens._utils.format import fmt, shorten, total_symbol
 
 __all__ = ["WIDTH", "column_format", "record_label", "record_name", "report_lines"]
 

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._typing import LayerSpec, PositionSpec, TargetSpec, is_int
+from captum_iglens._utils.typing import LayerSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.readout import resolve_readout
 from captum_iglens.results import CAPTUM_LAYER_METHODS, CompletenessBatch, CompletenessReport
 from captum_iglens.testing._bounds import readout_tolerance

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from captum_iglens._format import layer_names
+from captum_iglens._utils.format import layer_names
 from captum_iglens.results import (
     CompletenessBatch,
     CompletenessReport,

@@ -4,7 +4,7 @@ The public names of ``captum_iglens.text`` are imported on first use (PEP 562)
 from :mod:`captum_iglens.text.explain_prompt`.
 """
 
-from captum_iglens._lazy import lazy_exports
+from captum_iglens._utils.lazy import lazy_exports
 
 __all__ = [
     'DEFAULT_MAX_NEW_TOKENS', 'RenderedPrompt', 'build_prompt_ids', 'render_prompt',

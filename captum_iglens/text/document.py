@@ -22,8 +22,8 @@ from torch import Tensor
 from captum_iglens._core.capture import PathCapture, paths_from_states
 from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
-from captum_iglens._progress import progress_bar
-from captum_iglens._typing import BaselineSpec
+from captum_iglens._utils.progress import progress_bar
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import display_name, vocab_size
 from captum_iglens.lens.context import context_length

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from captum_iglens._core.baselines import MEAN_BASELINE_LAYER, is_reference_ids
 from captum_iglens._core.capture import recorded_layers
-from captum_iglens._typing import BaselineSpec
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.hooks import capture_residual_stream, check_finite_residuals
 from captum_iglens.lens.readout import ModelDistribution

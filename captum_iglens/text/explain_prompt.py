@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from captum_iglens._core.inputs import check_token_ids
-from captum_iglens._typing import LayerSpec
+from captum_iglens._utils.typing import LayerSpec
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import display_name, strip_parallel, vocab_size
 from captum_iglens.lens.context import check_context

@@ -13,7 +13,7 @@ import torch
 
 from captum_iglens._core.baselines import BASELINE_DESCRIPTIONS
 from captum_iglens._core.onset import onset_layer_indices
-from captum_iglens._format import as_cpu
+from captum_iglens._utils.format import as_cpu
 from captum_iglens.results.explanation import IGLensResult
 from captum_iglens.results.output import IGLensOutput
 from captum_iglens.settings import (

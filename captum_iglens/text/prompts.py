@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
-from captum_iglens._typing import is_int
+from captum_iglens._utils.typing import is_int
 
 __all__ = [
     "RenderedPrompt",

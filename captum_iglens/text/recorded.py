@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.capture import recorded_layers
-from captum_iglens._typing import BaselineSpec
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import UNRECORDED_GENERATION
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps

@@ -4,7 +4,7 @@ The public names of ``captum_iglens.validate`` are imported on first use (PEP 56
 from :mod:`captum_iglens.validate.driver`.
 """
 
-from captum_iglens._lazy import lazy_exports
+from captum_iglens._utils.lazy import lazy_exports
 
 __all__ = [
     'INTERVENTIONS', 'METRICS', 'PREDICTORS', 'ValidationResult', 'donor_sets', 'load_prompts',

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from captum_iglens._progress import progress_enabled
+from captum_iglens._utils.progress import progress_enabled
 from captum_iglens.text.explain_prompt import explain
 from captum_iglens.validate.ablation import BlockAblation, mean_updates
 from captum_iglens.validate.patching import PairAlignmentError, PromptPair, pair_ids

@@ -15,7 +15,7 @@ from tiny_families import SPECS, make_family
 
 from captum_iglens import IGLens
 from captum_iglens._core.pipeline import capture_lens_path
-from captum_iglens._format import layer_names
+from captum_iglens._utils.format import layer_names
 from captum_iglens.lens.sublayer import SublayerUnsupportedError
 from captum_iglens.testing import assert_complete
 from captum_iglens.testing._bounds import readout_tolerance

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens._format import layer_names
+from captum_iglens._utils.format import layer_names
 from captum_iglens.settings import DEFAULT_GRANULARITY
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,7 +69,7 @@ def layer_labels(layer_indices: Sequence[int], granularity: str = DEFAULT_GRANUL
     Index 0 (the embedding output) is always the first chosen layer: its credit
     ``f(h_0) - f(b)`` is the move from the baseline to the embedding, which no decoder
     block made; the label says so. Sub-layer columns (``granularity="sublayer"``) are
-    ``"L<l>.attn"`` and ``"L<l>.mlp"`` (:func:`~captum_iglens._format.layer_names`).
+    ``"L<l>.attn"`` and ``"L<l>.mlp"`` (:func:`~captum_iglens._utils.format.layer_names`).
     """
     return ["b→emb" if i == 0 else name
             for i, name in zip(layer_indices, layer_names(layer_indices, granularity), strict=True)]
