@@ -73,7 +73,7 @@ def add_granularity_options(parser: argparse.ArgumentParser, heads: bool = True)
 def _check_heads(args: argparse.Namespace) -> None:
     if args.heads and args.granularity != "sublayer":
         raise UsageError("--heads needs --granularity sublayer")
-    if args.heads and not getattr(args, "json", None):
+    if args.heads and not getattr(args, "json_path", None):
         raise UsageError("--heads writes per-head credits to the JSON export only (the table "
                          "and plot show each attention total): add --json FILE, or drop --heads "
                          "(it costs one backward pass per step)")

@@ -133,3 +133,21 @@ def test_cli_heads_need_a_json_export(capsys) -> None:
     assert main(["explain", "--granularity", "sublayer", "--heads", PROMPT]) == 2
     assert "--heads writes per-head credits to the JSON export only" in (
         capsys.readouterr().err)
+
+
+def test_cli_heads_with_json_export_their_credits(tiny_folder, tmp_path) -> None:
+    # the refusal above must not refuse the one way head credits leave the command line
+    out = tmp_path / "h.json"
+    assert main(["explain", "--model", str(tiny_folder), "--no-chat-template",
+                 "--max-new-tokens", "2", "--granularity", "sublayer", "--heads",
+                 "--n-steps", "3", "--json", str(out), "--no-progress", PROMPT]) == 0
+    data = json.loads(out.read_text())
+    names = data["layer_names"]
+    for token in data["tokens"]:
+        attention = [c for c, n in zip(token["attributions"], names, strict=True)
+                     if n.endswith(".attn")]
+        heads = [sum(row) + rest for row, rest in zip(token["head_credits"],
+                                                      token["head_rest"], strict=True)]
+        # heads + rest add up to each attention credit (a float32 sum over 4 heads + rest)
+        tol = 8 * 1.2e-7 * max(1.0, max(abs(a) for a in attention))
+        assert max(abs(h - a) for h, a in zip(heads, attention, strict=True)) <= tol
