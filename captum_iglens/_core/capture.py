@@ -76,10 +76,25 @@ class PathCapture:
         )
 
 
-def _model_distribution(logits: Tensor, positions: list[int], seq_len: int,
+def _model_distribution(logits: Tensor, request: PathRequest,
                         device: Optional[torch.device]) -> ModelDistribution:
-    if logits.shape[1] == seq_len:
-        logits = logits[:, positions]
+    """The model's own distribution ``[B, P, V]`` at the explained positions.
+
+    Raises:
+        ValueError: the model returned logits at another number of positions than it was
+            asked for (a forward that keeps logits its own way).
+    """
+    kept = request.logit_positions or tuple(range(request.seq_len))
+    if logits.shape[1] != len(kept):
+        raise ValueError(
+            f"The model returned logits at {logits.shape[1]} positions, but IG-Lens asked for "
+            f"{len(kept)} (positions {list(kept)[:6]} of the {request.seq_len}-token input) to "
+            f"check its readout at the explained positions {request.positions[:6]}. The "
+            "forward keeps logits its own way: do not pass arguments that drop logits "
+            "(logits_to_keep, num_logits_to_keep), or pass check_readout=False to IGLens.")
+    if kept != tuple(request.positions):
+        where = {pos: col for col, pos in enumerate(kept)}
+        logits = logits[:, [where[pos] for pos in request.positions]]
     return ModelDistribution.from_logits(logits.to(device) if device is not None else logits)
 
 
@@ -113,7 +128,7 @@ def capture_path(spec: LensSpec, request: PathRequest, *, target: TargetSpec,
     device = spec.readout_device
     states, logits = forward_with_capture(spec.model, spec.decoder_blocks, inputs, kwargs,
                                           needed, device, request.mask, pos_list, whole)
-    dist = _model_distribution(logits, pos_list, request.seq_len, device)
+    dist = _model_distribution(logits, request, device)
     base = None
     if request.reference_ids is not None:
         last = spec.num_layers
