@@ -86,12 +86,15 @@ def _model_distribution(logits: Tensor, request: PathRequest,
     """
     kept = request.logit_positions or tuple(range(request.seq_len))
     if logits.shape[1] != len(kept):
+        count = logits.shape[1]
         raise ValueError(
-            f"The model returned logits at {logits.shape[1]} positions, but IG-Lens asked for "
-            f"{len(kept)} (positions {list(kept)[:6]} of the {request.seq_len}-token input) to "
-            f"check its readout at the explained positions {request.positions[:6]}. The "
-            "forward keeps logits its own way: do not pass arguments that drop logits "
-            "(logits_to_keep, num_logits_to_keep), or pass check_readout=False to IGLens.")
+            f"The model returned logits at {count} position{'s' * (count != 1)} of the "
+            f"{request.seq_len}-token input, but IG-Lens asked for {len(kept)} (positions "
+            f"{list(kept)[:6]}): it needs the model's own logits at the explained positions "
+            f"{request.positions[:6]} (the default targets and the readout check read them). "
+            "The forward keeps logits its own way, ignoring the logits_to_keep IG-Lens "
+            "passes: make it return the logits of every position, or of those logits_to_keep "
+            "names.")
     if kept != tuple(request.positions):
         where = {pos: col for col, pos in enumerate(kept)}
         logits = logits[:, [where[pos] for pos in request.positions]]
