@@ -36,12 +36,22 @@ __all__ = [
 ]
 
 
+@torch.compiler.disable
+def _running_in(owner: int) -> bool:
+    """Whether the current thread is ``owner``.
+
+    Run eagerly: ``torch.compile`` cannot trace the thread id, and a traced answer would be
+    fixed for every thread.
+    """
+    return threading.get_ident() == owner
+
+
 def _this_thread(hook: Callable[..., Any]) -> Callable[..., Any]:
     """``hook``, run only when the forward pass runs in the thread registering it now."""
     owner = threading.get_ident()
 
     def scoped(*args: Any) -> Any:
-        return hook(*args) if threading.get_ident() == owner else None
+        return hook(*args) if _running_in(owner) else None
 
     return scoped
 
