@@ -76,10 +76,28 @@ class PathCapture:
         )
 
 
-def _model_distribution(logits: Tensor, positions: list[int], seq_len: int,
+def _model_distribution(logits: Tensor, request: PathRequest,
                         device: Optional[torch.device]) -> ModelDistribution:
-    if logits.shape[1] == seq_len:
-        logits = logits[:, positions]
+    """The model's own distribution ``[B, P, V]`` at the explained positions.
+
+    Raises:
+        ValueError: the model returned logits at another number of positions than it was
+            asked for (a forward that keeps logits its own way).
+    """
+    kept = request.logit_positions or tuple(range(request.seq_len))
+    if logits.shape[1] != len(kept):
+        count = logits.shape[1]
+        raise ValueError(
+            f"The model returned logits at {count} position{'s' * (count != 1)} of the "
+            f"{request.seq_len}-token input, but IG-Lens asked for {len(kept)} (positions "
+            f"{list(kept)[:6]}): it needs the model's own logits at the explained positions "
+            f"{request.positions[:6]} (the default targets and the readout check read them). "
+            "The forward keeps logits its own way, ignoring the logits_to_keep IG-Lens "
+            "passes: make it return the logits of every position, or of those logits_to_keep "
+            "names.")
+    if kept != tuple(request.positions):
+        where = {pos: col for col, pos in enumerate(kept)}
+        logits = logits[:, [where[pos] for pos in request.positions]]
     return ModelDistribution.from_logits(logits.to(device) if device is not None else logits)
 
 
@@ -113,7 +131,7 @@ def capture_path(spec: LensSpec, request: PathRequest, *, target: TargetSpec,
     device = spec.readout_device
     states, logits = forward_with_capture(spec.model, spec.decoder_blocks, inputs, kwargs,
                                           needed, device, request.mask, pos_list, whole)
-    dist = _model_distribution(logits, pos_list, request.seq_len, device)
+    dist = _model_distribution(logits, request, device)
     base = None
     if request.reference_ids is not None:
         last = spec.num_layers

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.estimators import PathNodes
+from captum_iglens.lens.hooks import add_forward_pre_hook
 from captum_iglens.lens.readout import Readout, pad_rows, readout_values
 from captum_iglens.lens.sublayer import HeadSite, _projection
 
@@ -52,7 +53,7 @@ def capture_head_inputs(blocks: nn.ModuleList, indices: Sequence[int], site: Hea
     try:
         for index in indices:
             proj = _projection(blocks[index - 1], site)
-            handles.append(proj.register_forward_pre_hook(hook_for(index), with_kwargs=True))
+            handles.append(add_forward_pre_hook(proj, hook_for(index)))
         yield store
     finally:
         for handle in handles:

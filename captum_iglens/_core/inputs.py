@@ -18,6 +18,7 @@ from torch import Tensor
 from captum_iglens._utils.typing import PositionSpec, is_int
 
 __all__ = [
+    "CACHE_ARGUMENTS",
     "warn_if_unmasked_padding",
     "check_explained",
     "check_not_padding",
@@ -27,6 +28,7 @@ __all__ = [
     "forward_kwargs",
     "normalise_positions",
     "position_ids_from_mask",
+    "refuse_caller_cache",
 ]
 
 
@@ -207,10 +209,11 @@ def forward_kwargs(
     Raises:
         TypeError: an unsupported type, or a tuple element its forward parameter cannot
             take (``(mask, -1)``: ``-1`` would be ``position_ids``), naming the parameter.
-        ValueError: a mask whose shape differs from ``input_ids``, or a tuple longer than
-            the forward's parameters.
+        ValueError: a mask whose shape differs from ``input_ids``, a tuple longer than
+            the forward's parameters, or a KV cache (see :func:`refuse_caller_cache`).
     """
     kwargs = _kwargs_from_args(additional_forward_args, params)
+    refuse_caller_cache(kwargs)
     mask = kwargs.get("attention_mask")
     if mask is not None:
         if mask.shape != input_ids.shape:
@@ -223,6 +226,46 @@ def forward_kwargs(
     if "use_cache" in params:
         kwargs["use_cache"] = False
     return kwargs, mask
+
+
+#: Forward arguments that carry a cache of earlier positions (KV or recurrent state).
+CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "cache", "layer_past", "cache_params")
+
+
+def _cache_length(cache: object) -> str:
+    """``" N"`` for a transformers ``Cache`` or legacy tuples of ``N`` positions, else ``""``."""
+    try:
+        if callable(getattr(cache, "get_seq_length", None)):
+            return f" {int(cache.get_seq_length())}"  # type: ignore[attr-defined]
+        if isinstance(cache, (tuple, list)):
+            return f" {int(cache[0][0].shape[-2])}"
+    except (IndexError, TypeError, AttributeError, RuntimeError):
+        pass
+    return ""
+
+
+def refuse_caller_cache(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a cache of earlier positions (``past_key_values`` for a shared prefix).
+
+    The path needs the residual stream of the positions a baseline reads (the causal
+    ``"mean"`` averages ``h_1`` over every position up to the explained one, the prefix's
+    included), which a KV cache does not hold; and the forward would append the new
+    tokens to the caller's cache.
+
+    Raises:
+        ValueError: naming the argument and what to pass instead.
+    """
+    for name in CACHE_ARGUMENTS:
+        if kwargs.get(name) is not None:
+            raise ValueError(
+                f"additional_forward_args passes {name} (a cache of{_cache_length(kwargs[name])} "
+                "earlier positions): IG-Lens does not take a caller's cache. Its baselines "
+                "need the residual stream of every position up to the explained one (the "
+                "default causal 'mean' would average the new tokens only), which the cache "
+                "does not hold, and the forward would append the new tokens to your cache. "
+                f"Pass the whole text (prefix + new tokens) as inputs without {name}, with its "
+                "full attention mask, and choose the explained tokens with positions=... "
+                "(e.g. positions=list(range(-n_new, 0)) for the last n_new tokens).")
 
 
 def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mapping[str, Any]

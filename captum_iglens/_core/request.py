@@ -46,6 +46,8 @@ class PathRequest:
         explained (Tensor, optional): ``[B, P]`` bool, the pairs to read out (``None``: all).
         reference_ids (Tensor, optional): ``[B, S]`` reference token ids (the baseline is
             then their last-block residual).
+        logit_positions (tuple of int, optional): The positions whose logits the forward
+            returns, in order (``logits_to_keep`` set by the lens); ``None``: all ``S``.
     """
 
     input_ids: Tensor
@@ -55,6 +57,7 @@ class PathRequest:
     mask: Optional[Tensor]
     explained: Optional[Tensor]
     reference_ids: Optional[Tensor]
+    logit_positions: Optional[tuple[int, ...]] = None
 
     @property
     def seq_len(self) -> int:
@@ -90,9 +93,27 @@ class PathRequest:
         check_not_padding(mask, pos_list, explained)
         config = getattr(unwrap_model(model), "config", None)
         warn_if_unmasked_padding(inputs, pos_list, getattr(config, "pad_token_id", None), mask)
-        # Only the explained positions need the model's own logits: skip the unembedding
-        # elsewhere where the model supports it.
-        if len(pos_list) < inputs.shape[1] and "logits_to_keep" in params:
-            kwargs.setdefault("logits_to_keep", torch.tensor(pos_list, device=inputs.device))
+        kept = _keep_explained_logits(kwargs, params, pos_list, inputs)
         return cls(input_ids=inputs, positions=pos_list, single=single, forward_kwargs=kwargs,
-                   mask=mask, explained=explained, reference_ids=reference)
+                   mask=mask, explained=explained, reference_ids=reference,
+                   logit_positions=kept)
+
+
+#: The forward arguments that make a causal LM return logits at some positions only.
+KEEP_ARGUMENTS = ("logits_to_keep", "num_logits_to_keep")
+
+
+def _keep_explained_logits(kwargs: dict[str, Any], params: Any, positions: list[int],
+                           inputs: Tensor) -> Optional[tuple[int, ...]]:
+    """Let the model unembed the explained positions only; the positions it will return.
+
+    A ``logits_to_keep`` / ``num_logits_to_keep`` the caller passed is replaced: only the
+    explained positions' logits are needed (for the readout check), and which logits the
+    model returns changes none of them. Forwards that take neither get none.
+    """
+    for name in KEEP_ARGUMENTS:
+        kwargs.pop(name, None)
+    if len(positions) < inputs.shape[1] and "logits_to_keep" in params:
+        kwargs["logits_to_keep"] = torch.tensor(positions, device=inputs.device)
+        return tuple(positions)
+    return None

@@ -43,6 +43,7 @@ from captum_iglens.lens.architectures import display_name, strip_parallel, vocab
 from captum_iglens.lens.hooks import residual_tap
 from captum_iglens.lens.state import forward_parameters, input_device, model_state_preserved
 from captum_iglens.results import CompletenessBatch, CompletenessReport, MethodCompleteness
+from captum_iglens.text.prompts import decode_token
 
 __all__ = [
     "COMPARE_METHODS",
@@ -248,7 +249,7 @@ def _compare_one(
                          settings["internal_batch_size"], f_x, f_b)
     report = CompletenessReport(
         layer_indices=list(lens.layer_indices), position=pos, target_id=tgt,
-        target_token=tokenizer.decode([tgt]) if tokenizer is not None else "",
+        target_token=decode_token(tokenizer, tgt) if tokenizer is not None else "",
         input_ids=inputs[0].tolist(), baseline_ids=reference[0].tolist(),
         f_input=f_x, f_baseline=f_b, n_steps=settings["n_steps"],
         lens_baseline=_baseline_name(lens_baseline),

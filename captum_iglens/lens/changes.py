@@ -1,9 +1,18 @@
 """A lens is built for one model structure: notice when the model was edited since.
 
 ``IGLens`` locates the decoder blocks, the final norm and the unembedding once. Pruning a
-block or replacing the final norm afterwards would otherwise surface as a bare ``KeyError``
-or as a readout mismatch whose advice (write a readout by hand) does not help: the lens is
-simply stale.
+block, replacing the block list or replacing the final norm afterwards would otherwise
+surface as a bare ``KeyError`` or as a readout mismatch whose advice (write a readout by
+hand) does not help: the lens is simply stale.
+
+The check is *relative to the lens's own model*: the block list found at its recorded path
+inside the model must be the list the lens holds, holding the same block modules, and the
+final norm and unembedding located now must be the modules the lens's readout holds. No
+``id()`` is recorded, so a copy of a lens (``copy.deepcopy``, ``pickle``, ``torch.save``),
+which copies the model together with the lens's references into it, passes the check and
+explains the copied model; an edit made to the copy afterwards is still caught. Weights are
+read live by the model and the readout alike, so assigning a new weight tensor of the same
+shape needs no new lens (both follow it).
 """
 
 from __future__ import annotations
@@ -25,13 +34,27 @@ class ModelChangedError(ValueError):
     """The model was edited after the ``IGLens`` that explains it was built."""
 
 
-@dataclass(frozen=True)
-class ModelStructure:
-    """Identities of the located parts: block modules, final norm and unembedding."""
+def _path_of(model: nn.Module, module: nn.Module) -> Optional[str]:
+    """The dotted name of ``module`` inside ``model`` (``None`` when it is not there)."""
+    return next((name for name, sub in model.named_modules() if sub is module), None)
 
-    blocks: tuple[int, ...]
-    final_norm: Optional[int]
-    unembed: Optional[int]
+
+@dataclass(frozen=True, eq=False)
+class ModelStructure:
+    """The located parts as built: block modules, where the block list sits, norm and head.
+
+    Attributes:
+        blocks (tuple of nn.Module): The decoder block modules, in order.
+        blocks_path (str, optional): The dotted path of the block list inside the model
+            (``None`` when the blocks given are not a submodule of the model).
+        final_norm (nn.Module, optional): The final norm the readout holds (located only).
+        unembed (nn.Module, optional): The unembedding the readout holds (located only).
+    """
+
+    blocks: tuple[nn.Module, ...]
+    blocks_path: Optional[str]
+    final_norm: Optional[nn.Module]
+    unembed: Optional[nn.Module]
 
     @classmethod
     def of(cls, model: nn.Module, blocks: nn.ModuleList, readout: Any,
@@ -39,8 +62,30 @@ class ModelStructure:
         """The structure the lens uses (the norm and head only when it located them)."""
         norm = getattr(readout, "final_norm", None) if located else None
         head = getattr(readout, "unembed", None) if located else None
-        return cls(tuple(id(b) for b in blocks), None if norm is None else id(norm),
-                   None if head is None else id(head))
+        return cls(tuple(blocks), _path_of(model, blocks), norm, head)
+
+
+def _same(now: tuple, built: tuple) -> bool:
+    return len(now) == len(built) and all(a is b for a, b in zip(now, built, strict=True))
+
+
+def _block_changes(spec: LensSpec) -> list[str]:
+    """What changed in the decoder blocks: the list at its path, or its members."""
+    built = spec.structure
+    if built.blocks_path is not None:
+        try:
+            listed = spec.model.get_submodule(built.blocks_path)
+        except AttributeError:
+            return [f"its decoder block list {built.blocks_path} is gone"]
+        if listed is not spec.decoder_blocks:
+            count = len(listed) if isinstance(listed, nn.ModuleList) else "?"
+            return [f"its decoder blocks changed: {built.blocks_path} is a new list of "
+                    f"{count} blocks (the lens was built with {len(built.blocks)})"]
+    now = tuple(spec.decoder_blocks)
+    if not _same(now, built.blocks):
+        return [f"its decoder blocks changed ({len(built.blocks)} -> {len(now)} blocks, "
+                "or replaced)"]
+    return []
 
 
 def check_unchanged(spec: LensSpec) -> None:
@@ -50,20 +95,16 @@ def check_unchanged(spec: LensSpec) -> None:
         ModelChangedError: naming what changed and saying to build a new ``IGLens``.
     """
     built = spec.structure
-    now = tuple(id(b) for b in spec.decoder_blocks)
-    changes = []
-    if now != built.blocks:
-        changes.append(f"its decoder blocks changed ({len(built.blocks)} -> {len(now)} blocks, "
-                       "or replaced)")
+    changes = _block_changes(spec)
     if built.final_norm is not None or built.unembed is not None:
         try:
             parts = locate_parts(spec.model)
         except UnknownArchitectureError as err:
             changes.append(f"its final norm or unembedding can no longer be located ({err})")
         else:
-            if built.final_norm is not None and id(parts.final_norm) != built.final_norm:
+            if built.final_norm is not None and parts.final_norm is not built.final_norm:
                 changes.append("its final norm was replaced")
-            if built.unembed is not None and id(parts.unembed) != built.unembed:
+            if built.unembed is not None and parts.unembed is not built.unembed:
                 changes.append("its unembedding was replaced")
     if changes:
         raise ModelChangedError(

@@ -24,7 +24,9 @@ __all__ = [
     "ArchitectureLayout",
     "ConfigRule",
     "HiddenDivisor",
+    "LogitScale",
     "LogitTransform",
+    "SoftCap",
 ]
 
 #: Families whose ``generate`` passes are not the model's plain forward over the same tokens,
@@ -46,16 +48,37 @@ def _config_value(config: object, name: str, text: bool) -> object:
     return getattr(config, name, None)
 
 
+@dataclass(frozen=True)
+class SoftCap:
+    """``tanh(logits / cap) * cap`` (in float32 if ``wide``): a picklable logit transform."""
+
+    cap: float
+    wide: bool = False
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        """The soft-capped logits ``[..., V]`` (float32 if ``wide``, else their dtype)."""
+        c = self.cap
+        return torch.tanh((logits.float() if self.wide else logits) / c) * c
+
+
+@dataclass(frozen=True)
+class LogitScale:
+    """``logits * factor`` (or ``logits / factor`` with ``divide``): a picklable transform."""
+
+    factor: float
+    divide: bool = False
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        """The scaled logits ``[..., V]``, same dtype."""
+        return logits / self.factor if self.divide else logits * self.factor
+
+
 def _softcap(name: str = "final_logit_softcapping", text: bool = False,
              wide: bool = False) -> ConfigRule:
     """``tanh(logits / cap) * cap`` with ``cap = config.<name>`` (float32 logits if ``wide``)."""
     def rule(config: object) -> Optional[LogitTransform]:
         cap = _config_value(config, name, text)
-        if not cap:
-            return None
-        c = float(cap)  # type: ignore[arg-type]
-        return (lambda z: torch.tanh(z.float() / c) * c) if wide else (
-            lambda z: torch.tanh(z / c) * c)
+        return SoftCap(float(cap), wide) if cap else None  # type: ignore[arg-type]
     return rule
 
 
@@ -63,7 +86,7 @@ def _times(name: str, text: bool = False) -> ConfigRule:
     """``logits * config.<name>`` (Cohere's ``logit_scale``, Falcon-H1's multiplier)."""
     def rule(config: object) -> Optional[LogitTransform]:
         value = _config_value(config, name, text)
-        return None if value is None else (lambda z: z * float(value))  # type: ignore[arg-type]
+        return None if value is None else LogitScale(float(value))  # type: ignore[arg-type]
     return rule
 
 
@@ -71,7 +94,7 @@ def _divided(name: str, text: bool = False) -> ConfigRule:
     """``logits / config.<name>`` (Granite's ``logits_scaling``)."""
     def rule(config: object) -> Optional[LogitTransform]:
         value = _config_value(config, name, text)
-        return (lambda z: z / float(value)) if value else None  # type: ignore[arg-type]
+        return LogitScale(float(value), divide=True) if value else None  # type: ignore[arg-type]
     return rule
 
 

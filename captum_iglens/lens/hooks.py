@@ -5,10 +5,16 @@ model-specific scaling or position embedding), ``h_l`` the output of block ``l``
 ``h_n`` is the residual *before* the final norm. ``outputs.hidden_states[-1]`` is not used:
 in transformers 5 it is already normalised for most families, and applying the final norm
 to it again normalises twice.
+
+Every hook of this package is registered through :func:`add_forward_hook` /
+:func:`add_forward_pre_hook`: it fires only for forward passes run by the thread that
+registered it, so a forward of the same model in another thread (another explanation, or a
+plain ``generate``) neither fills nor alters what this call records.
 """
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -19,6 +25,8 @@ from captum_iglens.lens.state import model_state_preserved
 
 __all__ = [
     "ResidualShapeError",
+    "add_forward_hook",
+    "add_forward_pre_hook",
     "capture_residual_stream",
     "check_finite_residuals",
     "forward_with_capture",
@@ -26,6 +34,48 @@ __all__ = [
     "record_residual_steps",
     "residual_tap",
 ]
+
+
+@torch.compiler.disable
+def _running_in(owner: int) -> bool:
+    """Whether the current thread is ``owner``.
+
+    Run eagerly: ``torch.compile`` cannot trace the thread id, and a traced answer would be
+    fixed for every thread.
+    """
+    return threading.get_ident() == owner
+
+
+def _this_thread(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook``, run only when the forward pass runs in the thread registering it now."""
+    owner = threading.get_ident()
+
+    def scoped(*args: Any) -> Any:
+        return hook(*args) if _running_in(owner) else None
+
+    return scoped
+
+
+def add_forward_hook(module: nn.Module, hook: Callable[..., Any],
+                     with_kwargs: bool = False) -> Any:
+    """``module.register_forward_hook(hook)``, firing for this thread's forward passes only.
+
+    Returns:
+        torch.utils.hooks.RemovableHandle: ``handle.remove()`` takes the hook off.
+    """
+    return module.register_forward_hook(_this_thread(hook), with_kwargs=with_kwargs)
+
+
+def add_forward_pre_hook(module: nn.Module, hook: Callable[..., Any],
+                         with_kwargs: bool = True) -> Any:
+    """``module.register_forward_pre_hook(hook)``, for this thread's forward passes only.
+
+    ``with_kwargs`` defaults to True (the hook sees ``(module, args, kwargs)``).
+
+    Returns:
+        torch.utils.hooks.RemovableHandle: ``handle.remove()`` takes the hook off.
+    """
+    return module.register_forward_pre_hook(_this_thread(hook), with_kwargs=with_kwargs)
 
 
 def hidden_of(output: object) -> Tensor:
@@ -201,12 +251,12 @@ def _register(blocks: nn.ModuleList, index: int, keep: Callable[[int, Tensor], N
         def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             keep(0, _block_input(args, kwargs))
 
-        return blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+        return add_forward_pre_hook(blocks[0], pre_hook)
 
     def hook(_m: nn.Module, _a: tuple, output: object) -> None:
         keep(index, hidden_of(output))
 
-    return blocks[index - 1].register_forward_hook(hook)
+    return add_forward_hook(blocks[index - 1], hook)
 
 
 def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
@@ -294,7 +344,7 @@ def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
                 return (tap(args[0]), *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": tap(kwargs["hidden_states"])}
 
-        handle = blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+        handle = add_forward_pre_hook(blocks[0], pre_hook)
     else:
 
         def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
@@ -304,7 +354,7 @@ def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
                 return (tap(out[0]), *out[1:])
             raise TypeError(f"Cannot tap a decoder block output of type {type(out)}")
 
-        handle = blocks[index - 1].register_forward_hook(hook)
+        handle = add_forward_hook(blocks[index - 1], hook)
     try:
         yield tap
     finally:

@@ -41,8 +41,9 @@ class LensSpec:
         readout (callable): Pre-final-norm residual ``[..., d]`` -> logits ``[..., V]``.
         layer_indices (tuple of int): The chosen hidden-state indices ``0 <= L_1 < ... <
             L_k = n`` (Section 3 of arXiv:2606.29693).
-        structure (ModelStructure): The identities of the blocks, final norm and head,
-            to notice a model changed after the lens was built.
+        structure (ModelStructure): The blocks, where their list sits in the model, the
+            final norm and head as built, to notice a model changed after the lens was
+            built (relative to the model, so that copies of the lens pass).
         units (str): ``"probability"`` or ``"log-probability"`` (nats).
         check_readout (bool): Check the readout against the model on every call.
         granularity (str): ``"block"`` or ``"sublayer"``.

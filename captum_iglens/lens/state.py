@@ -25,6 +25,8 @@ never recorded (teacher forcing instead).
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Optional
 
@@ -39,6 +41,7 @@ __all__ = [
     "forward_parameters",
     "input_device",
     "model_dtype",
+    "model_lock",
     "model_state_preserved",
     "pristine_rope",
 ]
@@ -85,6 +88,22 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     return torch.float32
 
 
+_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: nn.Module) -> threading.RLock:
+    """The re-entrant lock under which this package runs ``model``'s forward passes.
+
+    One per model object, created on first use and dropped with the model.
+    """
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
 @contextmanager
 def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
     """Run ``model`` in eval mode, stateful parts pristine, and hand it back as it was.
@@ -93,15 +112,22 @@ def model_state_preserved(model: nn.Module) -> Iterator[nn.Module]:
     RoPE's grown frequencies, see :func:`pristine_rope`). The
     ``training`` flag of every submodule and those states are restored, so a user's mix of
     modes survives.
+
+    The modes and states are the model's, shared by every thread: the block is held under
+    :func:`model_lock`, so two threads explaining with one model run their forward passes
+    one after the other (the second waits, for as long as the first one's forward pass
+    takes; the readouts and estimators after it run concurrently). The same thread may
+    nest the block.
     """
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        with pristine_rope(model):
-            yield model
-    finally:
-        for module, mode in modes:
-            module.training = mode
+    with model_lock(model):
+        modes = [(module, module.training) for module in model.modules()]
+        model.eval()
+        try:
+            with pristine_rope(model):
+                yield model
+        finally:
+            for module, mode in modes:
+                module.training = mode
 
 
 def dynamic_rope_prefixes(module: nn.Module) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Iterator, Optional
 from torch import Tensor, nn
 
 from captum_iglens.lens.architectures import model_type, unwrap_model
+from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook
 
 __all__ = ["HalfBlockSite", "SublayerUnsupportedError", "capture_half_residuals",
            "half_block_site"]
@@ -153,13 +154,12 @@ def capture_half_residuals(blocks: nn.ModuleList, indices: list[int], site: Half
             block = blocks[index - 1]
             module = getattr(block, site.module)
             inputs: dict[int, Tensor] = {}
-            handles.append(block.register_forward_pre_hook(
-                _input_hook(index, inputs), with_kwargs=True))
+            handles.append(add_forward_pre_hook(block, _input_hook(index, inputs)))
             if site.kind == "input":
-                handles.append(module.register_forward_pre_hook(
-                    _reshaped_input_hook(index, inputs, store), with_kwargs=True))
+                handles.append(add_forward_pre_hook(
+                    module, _reshaped_input_hook(index, inputs, store)))
             else:
-                handles.append(module.register_forward_hook(_sum_hook(index, inputs, store)))
+                handles.append(add_forward_hook(module, _sum_hook(index, inputs, store)))
         yield store
     finally:
         for handle in handles:

@@ -6,6 +6,7 @@ both end here, so a row of a batch and a single-prompt run give the same result 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -22,7 +23,7 @@ from captum_iglens.settings import (
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
 )
-from captum_iglens.text.prompts import token_labels
+from captum_iglens.text.prompts import decode_token, padded_vocab_rows, token_labels
 
 __all__ = ["AnswerSpec", "result_from_output"]
 
@@ -85,6 +86,8 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
     onsets = onset_layer_indices(attributions, out.layer_indices, spec.onset_frac,
                                  spec.onset_rule)
     answer = list(spec.input_ids[spec.prompt_length:])
+    if tokenizer is not None:
+        _warn_if_padded_rows(tokenizer, [*answer, *targets])
     return IGLensResult(
         prompt=spec.prompt,
         answer=tokenizer.decode(answer, skip_special_tokens=True) if tokenizer else "",
@@ -116,6 +119,18 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
     )
 
 
+def _warn_if_padded_rows(tokenizer: Any, ids: Sequence[int]) -> None:
+    """Warn when answer tokens are vocabulary rows that no token has (text would drop them)."""
+    rows = sorted(set(padded_vocab_rows(tokenizer, ids)))
+    if rows:
+        warnings.warn(
+            f"Answer token ids {rows[:5]} are padded vocabulary rows: the model has rows "
+            f"beyond the tokenizer's {len(tokenizer)} tokens (its output embedding was "
+            "resized, e.g. with pad_to_multiple_of), and no token exists for them. Their "
+            f"labels read {decode_token(tokenizer, rows[0])!r}, the answer text leaves them "
+            "out; their credits are the model's own numbers.", stacklevel=3)
+
+
 def _is_argmax(out: IGLensOutput, row: int, cols: list[int]) -> list[bool]:
     if out.model_argmax is None:
         return []
@@ -134,7 +149,7 @@ def _top_k_fields(out: IGLensOutput, row: int, cols: list[int],
     if out.top_k_ids is None or out.top_k_probs is None:
         return {}
     ids = out.top_k_ids[row, cols].cpu()
-    decode = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    decode = (lambda i: decode_token(tokenizer, i)) if tokenizer is not None else str
     tokens = [[[decode(int(i)) for i in layer] for layer in token] for token in ids.tolist()]
     return {"top_k_ids": ids, "top_k_probs": as_cpu(out.top_k_probs[row, cols]),
             "top_k_tokens": tokens}

@@ -22,6 +22,8 @@ from captum_iglens._utils.typing import is_int
 __all__ = [
     "RenderedPrompt",
     "build_prompt_ids",
+    "decode_token",
+    "padded_vocab_rows",
     "render_prompt",
     "target_ids",
     "target_token_id",
@@ -192,14 +194,39 @@ def build_prompt_ids(
     return rendered.ids, rendered.chat_template_used
 
 
+def _tokenizer_size(tokenizer: Any) -> Optional[int]:
+    try:
+        return int(len(tokenizer))
+    except TypeError:
+        return None
+
+
+def padded_vocab_rows(tokenizer: Any, ids: Sequence[int]) -> list[int]:
+    """The ids in ``ids`` that no token has: rows ``>= len(tokenizer)`` of the vocabulary.
+
+    A model whose embedding was resized with ``pad_to_multiple_of`` has more output rows
+    than the tokenizer has tokens; the tokenizer decodes such an id to ``""``.
+    """
+    size = _tokenizer_size(tokenizer)
+    return [] if size is None else [int(i) for i in ids if int(i) >= size]
+
+
+def decode_token(tokenizer: Any, token_id: int) -> str:
+    """``tokenizer.decode([token_id])``, or ``"<vocab row N: no token>"`` for a padded row."""
+    if padded_vocab_rows(tokenizer, [token_id]):
+        return f"<vocab row {int(token_id)}: no token>"
+    return tokenizer.decode([token_id])
+
+
 def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Readable labels of ``ids`` decoded one by one.
 
     A token that is part of one UTF-8 character decodes to ``"\ufffd"`` on its own; a run of
     such tokens that decodes to clean text together is labelled ``"<text 1/2>"``,
-    ``"<text 2/2>"``; what stays unreadable is labelled with its id (``"<id 1234>"``).
+    ``"<text 2/2>"``; what stays unreadable is labelled with its id (``"<id 1234>"``); a
+    padded vocabulary row, which no token has, ``"<vocab row 49157: no token>"``.
     """
-    pieces = [tokenizer.decode([i]) for i in ids]
+    pieces = [decode_token(tokenizer, i) for i in ids]
     labels = list(pieces)
     t = 0
     while t < len(ids):

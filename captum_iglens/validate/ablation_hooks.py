@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import hidden_of
+from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
 
 __all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
 
@@ -88,8 +88,8 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
 
     try:
         for layer, block in enumerate(blocks, start=1):
-            handles.append(block.register_forward_pre_hook(pre(layer), with_kwargs=True))
-            handles.append(block.register_forward_hook(post(layer)))
+            handles.append(add_forward_pre_hook(block, pre(layer)))
+            handles.append(add_forward_hook(block, post(layer)))
         yield
     finally:
         for handle in handles:

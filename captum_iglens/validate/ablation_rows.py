@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import hidden_of
+from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
 from captum_iglens.lens.state import input_device
 from captum_iglens.validate.ablation_hooks import (
     _with_hidden,
@@ -197,13 +197,12 @@ class _Growing:
     @contextmanager
     def on(self, blocks: nn.ModuleList) -> Iterator[None]:
         """The hooks on ``blocks``, removed on exit (also on an error)."""
-        handles = [blocks[0].register_forward_pre_hook(self.first_input, with_kwargs=True)]
+        handles = [add_forward_pre_hook(blocks[0], self.first_input)]
         try:
             for layer, block in enumerate(blocks, start=1):
                 if layer > 1:
-                    handles.append(block.register_forward_pre_hook(self.keep_input(layer),
-                                                                   with_kwargs=True))
-                handles.append(block.register_forward_hook(self.output(layer)))
+                    handles.append(add_forward_pre_hook(block, self.keep_input(layer)))
+                handles.append(add_forward_hook(block, self.output(layer)))
             yield
         finally:
             for handle in handles:
