@@ -53,3 +53,17 @@ def smollm2():
     hf_logging.disable_progress_bar()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return load_model()
+
+
+# Fixtures that load a real model: a test that asks for one (directly or through another
+# fixture) is slow on a 2-core CPU (a load, then 30-block forwards), so it runs in the second
+# documented command, `python -m pytest -q -m slow tests`, and not in README's quick one.
+REAL_MODEL_FIXTURES = frozenset({"smollm2"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that uses a real model or carries ``real_model``."""
+    for item in items:
+        uses_real = REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses_real or item.get_closest_marker("real_model") is not None:
+            item.add_marker(pytest.mark.slow)
