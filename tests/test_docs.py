@@ -79,7 +79,7 @@ def registries():
     tables = [ESTIMATORS, FAMILIES, REGISTERED_SITES]
     saved = [dict(table) for table in tables]
     yield
-    for table, old in zip(tables, saved):
+    for table, old in zip(tables, saved, strict=True):
         table.clear()
         table.update(old)
 
