@@ -52,12 +52,23 @@ PUBLIC_PACKAGES = ["captum_iglens", "captum_iglens.results", "captum_iglens.text
                    "captum_iglens.run", "captum_iglens.summary", "captum_iglens.compare",
                    "captum_iglens.validate", "captum_iglens.models", "captum_iglens.plot",
                    "captum_iglens.testing", "captum_iglens.cli", "captum_iglens.testing.plugin"]
-_documented: set[str] = set()
+
+
+def _documented(env) -> dict[str, set[str]]:  # noqa: ANN001
+    """Page -> the names autodoc documented there, kept in the environment across builds."""
+    if not hasattr(env, "iglens_documented"):
+        env.iglens_documented = {}
+    return env.iglens_documented
+
+
+def _forget(app, env, docname) -> None:  # noqa: ANN001
+    """A page about to be read again documents its names anew."""
+    _documented(env).pop(docname, None)
 
 
 def _record(app, what, name, obj, options, lines) -> None:  # noqa: ANN001
     """Note each documented name; give a re-exported constant its ``#:`` comment."""
-    _documented.add(name)
+    _documented(app.env).setdefault(app.env.docname, set()).add(name)
     if what == "data" and lines and getattr(obj, "__doc__", None) == type(obj).__doc__:
         lines[:] = _doc_comment(name.rpartition(".")[2], obj)  # not dict's or tuple's own doc
 
@@ -86,12 +97,16 @@ def _check_public_names(app, env) -> None:  # noqa: ANN001
 
     def resolve(dotted: str) -> object:
         module, _, name = dotted.rpartition(".")
-        return getattr(sys.modules.get(module), name, None)  # members of classes: None
+        try:
+            return getattr(importlib.import_module(module), name, None)
+        except (ImportError, ValueError):  # a class member, or a package itself
+            return None
 
-    documented = {id(resolve(name)) for name in _documented} - {id(None)}
+    names = set().union(*_documented(env).values())
+    documented = {id(resolve(name)) for name in names} - {id(None)}
     missing = [f"{package}.{name}" for package in PUBLIC_PACKAGES
                for name in importlib.import_module(package).__all__
-               if f"{package}.{name}" not in _documented
+               if f"{package}.{name}" not in names
                and id(getattr(importlib.import_module(package), name)) not in documented]
     if missing:
         logging.getLogger(__name__).warning(
@@ -100,5 +115,6 @@ def _check_public_names(app, env) -> None:  # noqa: ANN001
 
 def setup(app) -> None:  # noqa: ANN001
     """Connect the public-name check."""
+    app.connect("env-purge-doc", _forget)
     app.connect("autodoc-process-docstring", _record)
     app.connect("env-check-consistency", _check_public_names)
