@@ -132,10 +132,30 @@ def test_each_readme_block_is_self_contained(block) -> None:
     assert free_names(block.code) == [], f"README.md block at line {block.line} needs more"
 
 
+def _cells(line: str) -> tuple[str, list[str]]:
+    """A table line's row label and its non-empty cells."""
+    label, *cells = (cell.strip() for cell in line.split("|"))
+    return label, [cell for cell in cells if cell]
+
+
+def _numbers(cell: str) -> list[float]:
+    return [float(word) for word in cell.split()]
+
+
+def test_cells_splits_a_table_line() -> None:
+    assert _cells("   L11 |  +0.38273   0.41486 |         0         0 |") == (
+        "L11", ["+0.38273   0.41486", "0         0"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"line{b.line}" for b in BLOCKS])
-def test_each_readme_block_runs(block, tmp_path, monkeypatch) -> None:
-    """The example on SmolLM2 (skipped with the pip command when it is not installed)."""
+def test_each_readme_block_runs(block, tmp_path, monkeypatch, capsys) -> None:
+    """The example on SmolLM2 runs, and its table holds the numbers the README's excerpt shows.
+
+    Cells are compared as numbers to 2e-5 (the table prints 5 decimals; float32 forwards in
+    another summation order move the last one), onsets as text. Skipped, with the pip
+    command, when SmolLM2 is not installed.
+    """
     import importlib.util
 
     import matplotlib
@@ -146,3 +166,26 @@ def test_each_readme_block_runs(block, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)  # the files it writes
     exec(compile(block.code, f"README.md:{block.line}", "exec"), {"__name__": "__readme__"})
     assert (tmp_path / "vietnam.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    rows: dict[str, list[str]] = {}
+    for line in printed.splitlines():
+        if " | " in line:
+            label, cells = _cells(line)
+            rows.setdefault(label, cells)  # the first block of the table: tokens 0-3
+    (excerpt,) = re.findall(r"^```text\n(.*?)^```", TEXT, flags=re.S | re.M)
+    checked = 0
+    for line in excerpt.splitlines():
+        label, cells = _cells(line) if " | " in line else ("", [])
+        if label in ("", "layer"):  # headers, and the completeness line
+            continue
+        printed_cells = rows[label][2:]  # the excerpt shows tokens 2 and 3
+        for shown, actual in zip(cells, printed_cells, strict=True):
+            if label == "onset":
+                assert shown == actual
+            else:
+                assert _numbers(shown) == pytest.approx(_numbers(actual), abs=2e-5), line
+            checked += 1
+    assert checked == 14
+    shown_gap = float(re.search(r"max \|sum - Δp\| = (\S+) over 10 tokens", excerpt).group(1))
+    gap = float(re.search(r"max \|sum - Δp\| = (\S+) over 10 tokens", printed).group(1))
+    assert shown_gap < 1e-6 and gap < 1e-6  # both float32 rounding
