@@ -58,7 +58,7 @@ def smollm2():
 # Fixtures that load a real model: a test that asks for one (directly or through another
 # fixture) is slow on a 2-core CPU (a load, then 30-block forwards), so it runs in the second
 # documented command, `python -m pytest -q -m slow tests`, and not in README's quick one.
-REAL_MODEL_FIXTURES = frozenset({"smollm2"})
+REAL_MODEL_FIXTURES = frozenset({"smollm2", "smollm2_loads"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,9 @@ TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
 NOTEBOOKS = ["Getting_started_with_IG_Lens.ipynb", "Completeness_IG_Lens_vs_Captum.ipynb",
              "Causal_validation_of_IG_Lens.ipynb", "Baseline_comparison_tests.ipynb",
              "IG_Lens_on_a_real_model.ipynb"]
+#: Notebooks that load a real model (SmolLM2 or an installed one) are slow on a 2-core CPU: they
+#: run in the second documented command (``-m slow``); the tiny-model notebook stays quick.
+QUICK = {"Baseline_comparison_tests.ipynb"}
 #: Notebooks on a model installed separately: executed where it is, skipped otherwise.
 NEEDS_MODEL = {"IG_Lens_on_a_real_model.ipynb": "qwen2.5-coder-1.5b-instruct"}
 
@@ -36,7 +39,8 @@ def test_notebooks_are_committed_without_outputs() -> None:
         assert code and all(not c.outputs and c.execution_count is None for c in code)
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [
+    name if name in QUICK else pytest.param(name, marks=pytest.mark.slow) for name in NOTEBOOKS])
 def test_notebook_executes(name: str, tmp_path: Path) -> None:
     _skip_unless_installed(name)
     nb = nbformat.read(TUTORIALS / name, as_version=4)
