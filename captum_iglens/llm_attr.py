@@ -68,7 +68,8 @@ class LLMIGLensAttribution(LLMGradientAttribution):
     ``baseline_attr + token_attr.sum(-1)`` adds up to ``F(x) - F(x')`` row by row
     (Proposition 1), where ``baseline_attr = -F(x')`` is the reference's own readout, kept
     out of the layer columns (it would otherwise sit in the first layer's column and be the
-    largest bar of ``plot_seq_attr``). ``baselines="mean"`` (or any :meth:`IGLens.attribute`
+    largest bar of ``plot_seq_attr``); each row of ``token_attr`` alone adds up to
+    ``F(x)``, the ``output_probs``. ``baselines="mean"`` (or any :meth:`IGLens.attribute`
     baseline) overrides the reference. With any of Captum's own methods the behaviour is
     Captum's unchanged.
 
@@ -85,6 +86,7 @@ class LLMIGLensAttribution(LLMGradientAttribution):
         ...                      baselines=" ", skip_tokens=[tokenizer.bos_token_id])
         >>> res = llm_attr.attribute(inp, target=" Paris")
         >>> res.baseline_attr + res.token_attr.sum(-1) - res.delta_p   # ~0
+        >>> res.token_attr.sum(-1) - res.output_probs   # ~0: each row adds up to p(y|x)
         >>> fig, ax = res.plot_token_attr(display="row")   # every token's row visible
     """
 

@@ -1,4 +1,6 @@
-"""Module paths that README.md and the tutorials name keep working after the layout move."""
+"""Module paths that README.md, the docs pages and the tutorials name keep working after the move.
+
+CHANGELOG.md is left out: it names removed paths too."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ DOTTED = re.compile(r"captum_iglens(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 
 def _named_paths() -> list[str]:
-    texts = [ROOT / "README.md", *sorted((ROOT / "tutorials").glob("*.ipynb")),
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "tutorials").glob("*.ipynb")),
              *sorted((ROOT / "tutorials").glob("*.py"))]
     return sorted({m.group(0) for p in texts for m in DOTTED.finditer(p.read_text())})
 

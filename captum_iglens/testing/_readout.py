@@ -56,7 +56,7 @@ def assert_readout_exact(
     At every (attended) position and over the whole vocabulary,
     ``softmax(lens.readout(h_n)) == softmax(model(input_ids).logits)`` within the bound of
     two float readouts of the same residual: ``eps sqrt(n) (M + M)`` per probability, with
-    ``n`` the readout's longest dot product and ``M`` the sum of |terms| carried through the
+    ``n`` the readout's longest dot product and ``M`` the sum of ``|terms|`` carried through the
     model's final norm, projections, unembedding and logit transform (soft-cap, scale) to
     that probability (Higham and Mary 2019; arXiv:2606.29693, section 3). A readout that
     skips the final norm or the soft-cap, reads the wrong position or normalises twice
