@@ -16,12 +16,12 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from _tolerance import f32_tol  # noqa: E402
+from tiny_families import make_family  # noqa: E402
 
 from captum_iglens.cli import main  # noqa: E402
 from captum_iglens.models import loading as models  # noqa: E402
 from captum_iglens.testing._tokenizer import word_tokenizer  # noqa: E402
-from _tolerance import f32_tol  # noqa: E402
-from tiny_families import make_family  # noqa: E402
 
 N_BLOCKS = 4
 PROMPT = "w1 w7 w3 w9 w2"
