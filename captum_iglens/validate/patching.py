@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from captum_iglens._core.onset import onset_layer_indices
+from captum_iglens._utils.lines import split_lines
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.settings import DEFAULT_ONSET_FRAC, DEFAULT_ONSET_RULE
 from captum_iglens.validate.ablation import BlockAblation, ResidualTrace
@@ -92,7 +93,7 @@ def load_pairs(path: Union[str, Path, None] = None) -> list[PromptPair]:
     else:
         text = Path(path).read_text(encoding="utf-8")
     pairs = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         entry = json.loads(line)
