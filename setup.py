@@ -46,6 +46,7 @@ setup(
         "matplotlib>=3.7",
         "pillow>=9.1",  # palette PNGs of the summary page (matplotlib depends on it too)
         "tqdm>=4.60",
+        "filelock>=3.8",  # the model cache's lock (transformers depends on it too)
         "scipy>=1.10",
     ],
     extras_require={

@@ -25,9 +25,9 @@ from captum_iglens.models.gguf_cache import (
     CacheError,
     cache_dir_for,
     cache_root,
+    cached_or_built,
     checked_tokenizer,
     dequantise,
-    read_cache,
 )
 from captum_iglens.models.registry import (
     DEFAULT_MODEL,
@@ -78,8 +78,7 @@ def _named(loaded: tuple[nn.Module, Any], name: str) -> tuple[nn.Module, Any]:
 def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
     """A GGUF file's model, from the cache when there, else de-quantised (and cached)."""
     cached = cache_dir_for(gguf) if use_cache else None
-    loaded = read_cache(cached) if cached is not None else None
-    return _named(loaded or dequantise(gguf, cached), gguf.stem)
+    return _named(cached_or_built(cached, lambda folder: dequantise(gguf, folder)), gguf.stem)
 
 
 def _load_split(entry: SplitGguf, use_cache: bool = True) -> tuple[nn.Module, Any]:
@@ -88,12 +87,13 @@ def _load_split(entry: SplitGguf, use_cache: bool = True) -> tuple[nn.Module, An
     The assembled GGUF file is temporary; the float32 model folder is cached.
     """
     cached = cache_root() / f"{entry.name}-{entry.sha256[:16]}" if use_cache else None
-    loaded = read_cache(cached) if cached is not None else None
-    if loaded is None:
-        folders = [cache_root()] if use_cache else []
+
+    def build(folder: Optional[Path]) -> tuple[nn.Module, Any]:
+        folders = [cache_root()] if folder is not None else []
         with assembled_gguf(entry, [*folders, Path(tempfile.gettempdir())]) as gguf:
-            loaded = dequantise(gguf, cached)
-    return _named(loaded, entry.name)
+            return dequantise(gguf, folder)
+
+    return _named(cached_or_built(cached, build), entry.name)
 
 
 def _check_causal_lm_folder(path: Path) -> None:
