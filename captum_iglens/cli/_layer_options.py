@@ -130,3 +130,22 @@ def resolve_layers(
     if default_k is not None:
         return evenly_spaced_layers(n_layers, min(default_k, n_layers + 1))
     return None
+
+
+def hidden_state_indices(layers: Optional[list[int]], n_layers: int) -> list[int]:
+    """The sorted hidden-state indices a lens takes from ``layers`` (the last block added).
+
+    The integer case of :func:`captum_iglens.lens.layers.resolve_layer_indices`, without
+    torch, for the checks made before the model is loaded.
+
+    Args:
+        layers (list of int, optional): :func:`resolve_layers`'s result (None: all blocks).
+        n_layers (int): Number of decoder blocks.
+
+    Returns:
+        list[int]: as the run's fingerprint records them.
+    """
+    if layers is None:
+        return list(range(1, n_layers + 1))
+    indices = {layer + n_layers + 1 if layer < 0 else layer for layer in layers}
+    return sorted(indices | {n_layers})

