@@ -15,6 +15,7 @@ import difflib
 import hashlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -27,10 +28,41 @@ from captum_iglens.models.registry import (
     model_names,
 )
 
-__all__ = ["block_count", "close_model_names", "source_id"]
+__all__ = ["block_count", "cache_dir_for", "cache_root", "close_model_names", "content_digest",
+           "embedded_tokenizer_file", "source_id"]
 
 #: ``config.json`` keys that hold the number of decoder blocks, by family.
 _BLOCK_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+
+
+def cache_root() -> Path:
+    """The cache folder of de-quantised models.
+
+    ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``, else
+    ``~/.cache/captum_iglens``.
+    """
+    env = os.environ.get("CAPTUM_IGLENS_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "captum_iglens" if xdg else Path.home() / ".cache" / "captum_iglens"
+
+
+def content_digest(path: Path) -> str:
+    """SHA-256 of the file's bytes (first 16 hex digits).
+
+    The same file reinstalled elsewhere or later keys the same cache entry.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def cache_dir_for(gguf: Path) -> Path:
+    """The cache entry of a GGUF file: ``cache_root() / "<file stem>-<content digest>"``."""
+    return cache_root() / f"{gguf.stem}-{content_digest(gguf)}"
 
 
 def _name(spec: Optional[str]) -> str:
@@ -116,3 +148,16 @@ def close_model_names(spec: str) -> list[str]:
         list[str]: up to three names, closest first.
     """
     return difflib.get_close_matches(spec.strip().lower(), model_names(), n=3, cutoff=0.6)
+
+
+def embedded_tokenizer_file() -> Optional[Path]:
+    """The ``tokenizer.json`` of the embedded SmolLM2's cache entry, where it is cached.
+
+    Returns:
+        Path or None: None when the model is not installed or was never loaded (no cache).
+    """
+    files = _model_files(SMOLLM2_NAMES[0])
+    if not files:
+        return None
+    path = cache_dir_for(files[0]) / "tokenizer.json"
+    return path if path.is_file() else None

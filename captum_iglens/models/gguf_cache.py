@@ -19,7 +19,6 @@ second process waits for the first one's entry and then reads it.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from torch import nn
+
+from captum_iglens.models.facts import cache_dir_for, cache_root, content_digest
 
 __all__ = [
     "CacheError",
@@ -53,36 +54,6 @@ _WARNED: set[str] = set()  # cache folders already reported as unwritable in thi
 
 class CacheError(OSError):
     """The model cache folder cannot be read; the message names the folder and the fix."""
-
-
-def cache_root() -> Path:
-    """The cache folder of de-quantised models.
-
-    ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``, else
-    ``~/.cache/captum_iglens``.
-    """
-    env = os.environ.get("CAPTUM_IGLENS_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "captum_iglens" if xdg else Path.home() / ".cache" / "captum_iglens"
-
-
-def content_digest(path: Path) -> str:
-    """SHA-256 of the file's bytes (first 16 hex digits).
-
-    The same file reinstalled elsewhere or later keys the same cache entry.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def cache_dir_for(gguf: Path) -> Path:
-    """The cache entry of a GGUF file: ``cache_root() / "<file stem>-<content digest>"``."""
-    return cache_root() / f"{gguf.stem}-{content_digest(gguf)}"
 
 
 def checked_tokenizer(tokenizer: Any, folder: Path) -> Any:

@@ -16,12 +16,12 @@ import platform
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 from captum_iglens._utils.lines import split_lines, surrogate_problem
-from captum_iglens.text.prompts import render_prompt
+
+if TYPE_CHECKING:  # torch is imported only where a model is: the CLI reads prompts before
+    from torch import nn
 
 __all__ = ["DEFAULT_MIN_REFERENCE", "data_file", "load_prompts", "max_reference_positions",
            "prompt_lengths", "provenance", "reference_shortfall"]
@@ -81,6 +81,8 @@ def prompt_lengths(tokenizer: Any, prompts: Sequence[str]) -> list[int]:
         list[int]: one count per prompt. The template warnings (no template, a template that
         writes today's date) are left to the explanation itself.
     """
+    from captum_iglens.text.prompts import render_prompt
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return [len(render_prompt(tokenizer, prompt, True).ids) for prompt in prompts]
