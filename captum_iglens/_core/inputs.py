@@ -225,30 +225,40 @@ def forward_kwargs(
     return kwargs, mask
 
 
-def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mapping[str, Any]
-                          ) -> None:
-    """Refuse inputs longer than the model's position table, before any forward pass.
+def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mapping[str, Any],
+                          context: Optional[int] = None) -> None:
+    """Refuse inputs longer than the model can position, before any forward pass.
 
     Args:
         limit (int, optional): :func:`~captum_iglens.lens.context.max_sequence_length`
-            (``None``: no limit).
+            (``None``: no position table).
         input_ids (Tensor): ``[B, S]`` token ids.
         kwargs (mapping): The forward's keyword arguments; with ``position_ids`` (derived
             from a left-padded mask) the largest position counts, else the length ``S``.
+        context (int, optional): :func:`~captum_iglens.lens.context.context_length`, the
+            trained context (rotary models: ``max_position_embeddings``), the limit of
+            ``explain`` and ``iglens run`` too. Default: None (not checked).
 
     Raises:
         ValueError: naming the length and the limit.
     """
-    if limit is None:
-        return
     position_ids = kwargs.get("position_ids")
     length = (int(position_ids.max()) + 1 if isinstance(position_ids, Tensor)
               and position_ids.numel() else int(input_ids.shape[1]))
-    if length > limit:
+    if limit is not None and length > limit:
         raise ValueError(
             f"The input is {length} tokens long but this model positions at most {limit} "
             "tokens (its position table has no row beyond that): shorten the input to "
             f"{limit} tokens or fewer."
+        )
+    if context is not None and length > context:
+        raise ValueError(
+            f"The input is {length} tokens long, past this model's trained context of "
+            f"{context} tokens (its config's max_position_embeddings): positions beyond it "
+            "are extrapolation, so the credits would describe the model outside its "
+            "training, and the time and memory grow with the square of the length (tens of "
+            f"minutes on a CPU). Shorten the input to {context} tokens or fewer, as explain "
+            "and iglens run require."
         )
 
 

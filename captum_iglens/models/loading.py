@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from captum_iglens.models.facts import close_model_names
 from captum_iglens.models.gguf_cache import (
     CacheError,
     cache_dir_for,
@@ -186,6 +187,13 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True,
     if path.is_dir():
         return _load_folder(path, device_map)
     raise FileNotFoundError(
-        f"--model {spec!r} is neither a model name ({', '.join(model_names())}), a local "
-        "model folder nor a .gguf file (models are never downloaded: give a local path)."
+        f"load_model(spec={spec!r}): {spec!r} is neither a model name "
+        f"({', '.join(model_names())}), a local model folder nor a .gguf file (models are "
+        f"never downloaded: give a local path).{_did_you_mean(spec)}"
     )
+
+
+def _did_you_mean(spec: str) -> str:
+    """`` Did you mean 'smollm2'?`` for a name close to a model name (difflib), else ``""``."""
+    close = close_model_names(spec)
+    return f" Did you mean {' or '.join(repr(n) for n in close)}?" if close else ""
