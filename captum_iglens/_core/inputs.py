@@ -40,10 +40,7 @@ def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
     if not isinstance(inputs, Tensor):
         raise TypeError(f"inputs must be a tensor of token ids [B, S], got {type(inputs)}")
     if inputs.dim() != 2:
-        raise ValueError(
-            f"inputs must be token ids of shape [B, S], got shape {tuple(inputs.shape)}; "
-            "use inputs.unsqueeze(0) for a single sequence."
-        )
+        raise ValueError(_shape_advice(inputs))
     if inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
         raise TypeError(f"inputs must be integer token ids, got dtype {inputs.dtype}")
     if inputs.shape[1] == 0 or inputs.shape[0] == 0:
@@ -55,6 +52,22 @@ def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
             "the input tokenised with this model's tokenizer?"
         )
     return inputs
+
+
+def _shape_advice(inputs: Tensor) -> str:
+    """What token ids of the wrong number of dimensions are, and what to pass instead."""
+    shape = tuple(inputs.shape)
+    if inputs.dim() == 1:
+        return (f"inputs must be token ids of shape [B, S], got shape {shape}; use "
+                "inputs.unsqueeze(0) for a single sequence.")
+    if inputs.dim() == 3 and inputs.dtype.is_floating_point:
+        return (f"inputs must be token ids of shape [B, S], got a {inputs.dtype} tensor of "
+                f"shape {shape}: that looks like input embeddings [B, S, d] (inputs_embeds). "
+                "IG-Lens runs the model from its token ids (the residual stream starts at the "
+                "model's own embedding): pass the input_ids, e.g. "
+                "tokenizer(text, return_tensors='pt').input_ids.")
+    return (f"inputs must be token ids of shape [B, S], got {inputs.dim()} dimensions "
+            f"(shape {shape}).")
 
 
 def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
