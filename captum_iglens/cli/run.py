@@ -20,7 +20,11 @@ from typing import Any, Optional
 from captum_iglens.cli import _layer_options as layer_opts
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
-from captum_iglens.run.results_file import ResultsWriteError, check_results_file
+from captum_iglens.run.results_file import (
+    ResultsWriteError,
+    RunMismatchError,
+    check_results_file,
+)
 
 __all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
@@ -41,7 +45,7 @@ EXIT_STATUS = exit_status_help(
     usage="usage error: something is wrong in the command line (an input, an --output that "
     "cannot be written, is no results file, holds another run's settings or is being written "
     "by another process); found before the model is loaded, except --layers / --k beyond the "
-    "blocks of a .gguf file's model",
+    "blocks of a .gguf file's model and an output written by another model's weights",
 )
 
 
@@ -277,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
                              progress=not args.no_progress, procs=procs)
     except ResultsWriteError as err:
         raise RuntimeError(err.message("choose --output elsewhere")) from err
+    except RunMismatchError as err:  # another model's weights: known only after the load
+        raise UsageError(str(err)) from err
     if procs.is_main:
         print(report.format(), file=sys.stderr)
     # Launchers (torchrun, accelerate) read a non-zero status as a crashed worker.

@@ -146,7 +146,8 @@ def test_embedded_template_bound_holds_for_smollm2(smollm2):
     if embedded_tokenizer_file() is not None:
         assert bounds == [EMBEDDED_TEMPLATE_TOKENS + 1 + len(
             tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-    assert all(len(render_prompt(tokenizer, p).ids) <= b for p, b in zip(prompts, bounds))
+    assert all(len(render_prompt(tokenizer, p).ids) <= b
+               for p, b in zip(prompts, bounds, strict=True))
 
 
 def test_validate_of_another_model_refuses_before_explaining(tiny_folder, tmp_path,

@@ -231,3 +231,16 @@ def test_preload_refusals_import_no_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True).stdout
     assert "STATUS 2 False" in out, out
+
+
+def test_another_models_weights_are_a_usage_error_after_the_load(done_run, tmp_path, loads,
+                                                                 capsys):
+    """Only the load tells the weights apart: the refusal then is exit status 2 too."""
+    source, output = done_run
+    other = tmp_path / "other" / "tiny-llama"  # the same name, other weights
+    make_tiny("llama", seed=1, n_layers=3).save_pretrained(other)
+    word_tokenizer().save_pretrained(other)
+    capsys.readouterr()
+    assert main(_run(other, source, output)) == 2 and loads.count == 2
+    err = capsys.readouterr().err
+    assert f"iglens: error: {output} holds results of another run (weights: " in err
