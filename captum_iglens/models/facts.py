@@ -159,5 +159,8 @@ def embedded_tokenizer_file() -> Optional[Path]:
     files = _model_files(SMOLLM2_NAMES[0])
     if not files:
         return None
-    path = cache_dir_for(files[0]) / "tokenizer.json"
+    # one entry of this file name is the usual case (writing an entry removes the stale
+    # copies): found without hashing the 100 MB file; else the entry of its content digest
+    found = list(cache_root().glob(f"{files[0].stem}-*/tokenizer.json"))
+    path = found[0] if len(found) == 1 else cache_dir_for(files[0]) / "tokenizer.json"
     return path if path.is_file() else None
