@@ -80,8 +80,20 @@ def _check_heads(args: argparse.Namespace) -> None:
 
 
 def _check_layers_or_k(args: argparse.Namespace) -> None:
+    """``--layers`` or ``--k``, within the blocks of a model that its name or config tells.
+
+    The block count of a named model or a folder's ``config.json`` is known before the load;
+    a ``.gguf`` file's is checked after it.
+    """
     if args.layers is not None and args.k is not None:
         raise UsageError("give --layers or --k, not both")
+    if (args.layers is None and args.k is None) or not hasattr(args, "model"):
+        return
+    from captum_iglens.models.facts import block_count
+
+    n_blocks = block_count(args.model)
+    if n_blocks is not None:
+        resolve_layers(args, n_blocks)
 
 
 def evenly_spaced_layers(n_layers: int, k: int) -> list[int]:

@@ -244,3 +244,13 @@ def test_another_models_weights_are_a_usage_error_after_the_load(done_run, tmp_p
     assert main(_run(other, source, output)) == 2 and loads.count == 2
     err = capsys.readouterr().err
     assert f"iglens: error: {output} holds results of another run (weights: " in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["explain", "--layers", "0,99", "hi"], "this model has 30 decoder blocks"),
+    (["compare", "--k", "100", "hi"], "--k must be between 1 and 31 for a model with 30 blocks"),
+])
+def test_explain_and_compare_check_layers_before_loading(loads, capsys, argv, message):
+    loads.forbid()
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
