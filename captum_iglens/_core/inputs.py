@@ -42,10 +42,7 @@ def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
     if not isinstance(inputs, Tensor):
         raise TypeError(f"inputs must be a tensor of token ids [B, S], got {type(inputs)}")
     if inputs.dim() != 2:
-        raise ValueError(
-            f"inputs must be token ids of shape [B, S], got shape {tuple(inputs.shape)}; "
-            "use inputs.unsqueeze(0) for a single sequence."
-        )
+        raise ValueError(_shape_advice(inputs))
     if inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
         raise TypeError(f"inputs must be integer token ids, got dtype {inputs.dtype}")
     if inputs.shape[1] == 0 or inputs.shape[0] == 0:
@@ -57,6 +54,22 @@ def check_token_ids(inputs: object, vocab: Optional[int]) -> Tensor:
             "the input tokenised with this model's tokenizer?"
         )
     return inputs
+
+
+def _shape_advice(inputs: Tensor) -> str:
+    """What token ids of the wrong number of dimensions are, and what to pass instead."""
+    shape = tuple(inputs.shape)
+    if inputs.dim() == 1:
+        return (f"inputs must be token ids of shape [B, S], got shape {shape}; use "
+                "inputs.unsqueeze(0) for a single sequence.")
+    if inputs.dim() == 3 and inputs.dtype.is_floating_point:
+        return (f"inputs must be token ids of shape [B, S], got a {inputs.dtype} tensor of "
+                f"shape {shape}: that looks like input embeddings [B, S, d] (inputs_embeds). "
+                "IG-Lens runs the model from its token ids (the residual stream starts at the "
+                "model's own embedding): pass the input_ids, e.g. "
+                "tokenizer(text, return_tensors='pt').input_ids.")
+    return (f"inputs must be token ids of shape [B, S], got {inputs.dim()} dimensions "
+            f"(shape {shape}).")
 
 
 def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
@@ -268,30 +281,40 @@ def refuse_caller_cache(kwargs: Mapping[str, Any]) -> None:
                 "(e.g. positions=list(range(-n_new, 0)) for the last n_new tokens).")
 
 
-def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mapping[str, Any]
-                          ) -> None:
-    """Refuse inputs longer than the model's position table, before any forward pass.
+def check_sequence_length(limit: Optional[int], input_ids: Tensor, kwargs: Mapping[str, Any],
+                          context: Optional[int] = None) -> None:
+    """Refuse inputs longer than the model can position, before any forward pass.
 
     Args:
         limit (int, optional): :func:`~captum_iglens.lens.context.max_sequence_length`
-            (``None``: no limit).
+            (``None``: no position table).
         input_ids (Tensor): ``[B, S]`` token ids.
         kwargs (mapping): The forward's keyword arguments; with ``position_ids`` (derived
             from a left-padded mask) the largest position counts, else the length ``S``.
+        context (int, optional): :func:`~captum_iglens.lens.context.context_length`, the
+            trained context (rotary models: ``max_position_embeddings``), the limit of
+            ``explain`` and ``iglens run`` too. Default: None (not checked).
 
     Raises:
         ValueError: naming the length and the limit.
     """
-    if limit is None:
-        return
     position_ids = kwargs.get("position_ids")
     length = (int(position_ids.max()) + 1 if isinstance(position_ids, Tensor)
               and position_ids.numel() else int(input_ids.shape[1]))
-    if length > limit:
+    if limit is not None and length > limit:
         raise ValueError(
             f"The input is {length} tokens long but this model positions at most {limit} "
             "tokens (its position table has no row beyond that): shorten the input to "
             f"{limit} tokens or fewer."
+        )
+    if context is not None and length > context:
+        raise ValueError(
+            f"The input is {length} tokens long, past this model's trained context of "
+            f"{context} tokens (its config's max_position_embeddings): positions beyond it "
+            "are extrapolation, so the credits would describe the model outside its "
+            "training, and the time and memory grow with the square of the length (tens of "
+            f"minutes on a CPU). Shorten the input to {context} tokens or fewer, as explain "
+            "and iglens run require."
         )
 
 

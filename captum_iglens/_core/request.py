@@ -25,7 +25,7 @@ from captum_iglens._core.inputs import (
 )
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec
 from captum_iglens.lens.architectures import unwrap_model
-from captum_iglens.lens.context import max_sequence_length
+from captum_iglens.lens.context import context_length, max_sequence_length
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import forward_parameters
 
@@ -88,7 +88,8 @@ class PathRequest:
         pos_list, single = normalise_positions(positions, inputs.shape[1])
         params = forward_parameters(model)
         kwargs, mask = forward_kwargs(params, inputs, additional_forward_args)
-        check_sequence_length(max_sequence_length(model), inputs, kwargs)
+        check_sequence_length(max_sequence_length(model), inputs, kwargs,
+                              context=context_length(model))
         explained = check_explained(explained, inputs.shape[0], len(pos_list))
         check_not_padding(mask, pos_list, explained)
         config = getattr(unwrap_model(model), "config", None)

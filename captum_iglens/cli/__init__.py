@@ -102,10 +102,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """
     argv = list(argv)
     parser = build_parser()
-    if argv[:1] and (argv[0] in COMMANDS or argv[0] in _TOP_LEVEL):
-        args = parser.parse_args(argv)
-    else:
-        args = _parse_shorthand(parser, argv)
+    command = argv[0] if argv[:1] and argv[0] in COMMANDS else DEFAULT_COMMAND
+    try:
+        if argv[:1] and (argv[0] in COMMANDS or argv[0] in _TOP_LEVEL):
+            args = parser.parse_args(argv)
+        else:
+            args = _parse_shorthand(parser, argv)
+    except UsageError as err:
+        from captum_iglens.cli._hints import with_option_hints
+
+        raise UsageError(with_option_hints(str(err), command)) from None
     run_checks(args)
     return args
 

@@ -80,8 +80,20 @@ def _check_heads(args: argparse.Namespace) -> None:
 
 
 def _check_layers_or_k(args: argparse.Namespace) -> None:
+    """``--layers`` or ``--k``, within the blocks of a model that its name or config tells.
+
+    The block count of a named model or a folder's ``config.json`` is known before the load;
+    a ``.gguf`` file's is checked after it.
+    """
     if args.layers is not None and args.k is not None:
         raise UsageError("give --layers or --k, not both")
+    if (args.layers is None and args.k is None) or not hasattr(args, "model"):
+        return
+    from captum_iglens.models.facts import block_count
+
+    n_blocks = block_count(args.model)
+    if n_blocks is not None:
+        resolve_layers(args, n_blocks)
 
 
 def evenly_spaced_layers(n_layers: int, k: int) -> list[int]:
@@ -130,3 +142,22 @@ def resolve_layers(
     if default_k is not None:
         return evenly_spaced_layers(n_layers, min(default_k, n_layers + 1))
     return None
+
+
+def hidden_state_indices(layers: Optional[list[int]], n_layers: int) -> list[int]:
+    """The sorted hidden-state indices a lens takes from ``layers`` (the last block added).
+
+    The integer case of :func:`captum_iglens.lens.layers.resolve_layer_indices`, without
+    torch, for the checks made before the model is loaded.
+
+    Args:
+        layers (list of int, optional): :func:`resolve_layers`'s result (None: all blocks).
+        n_layers (int): Number of decoder blocks.
+
+    Returns:
+        list[int]: as the run's fingerprint records them.
+    """
+    if layers is None:
+        return list(range(1, n_layers + 1))
+    indices = {layer + n_layers + 1 if layer < 0 else layer for layer in layers}
+    return sorted(indices | {n_layers})

@@ -52,6 +52,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_model(args: argparse.Namespace) -> None:
+    from captum_iglens.models.facts import close_model_names
     from captum_iglens.models.registry import is_model_name, model_names
 
     spec = args.model
@@ -60,9 +61,11 @@ def _check_model(args: argparse.Namespace) -> None:
     path = Path(spec).expanduser()
     if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return
+    close = close_model_names(spec)
+    hint = f": did you mean --model {' or --model '.join(close)}?" if close else ""
     raise UsageError(
         f"--model {spec!r} is neither a model name ({', '.join(model_names())}), a local model "
-        "folder nor a .gguf file (models are never downloaded: give a local path)"
+        f"folder nor a .gguf file (models are never downloaded: give a local path){hint}"
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from captum_iglens._utils.lines import split_lines
 from captum_iglens.cli._common import UsageError, add_check
 
 
@@ -72,12 +73,12 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
             text = Path(args.prompts_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
             raise UsageError(f"cannot read --prompts-file {args.prompts_file!r}: {err}") from err
-        prompts = [line.strip() for line in text.splitlines() if line.strip()]
+        prompts = [line.strip() for line in split_lines(text) if line.strip()]
         if not prompts:
             raise UsageError(f"--prompts-file {args.prompts_file!r} holds no prompt: one per line")
         return prompts
     if getattr(args, "stdin", False):
-        prompts = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+        prompts = [line.strip() for line in split_lines(sys.stdin.read()) if line.strip()]
         if not prompts:
             raise UsageError("--stdin read no prompt: give one prompt per line")
         return prompts

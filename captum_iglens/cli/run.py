@@ -15,12 +15,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from captum_iglens.cli import _layer_options as layer_opts
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
-from captum_iglens.run.results_file import ResultsWriteError, check_results_file
+from captum_iglens.run.results_file import (
+    ResultsWriteError,
+    RunMismatchError,
+    check_results_file,
+)
 
 __all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
@@ -38,9 +42,10 @@ EXIT_STATUS = exit_status_help(
     runtime="some records became error records (one process), the model could not be loaded, "
     "or the results could not be written (the message names the file and the fix; rerun the "
     "same command to resume)",
-    usage="usage error: something is wrong in the command line (an input, or an --output that "
-    "cannot be written or is no results file); found before the model is loaded, except "
-    "--layers / --k beyond the model's blocks",
+    usage="usage error: something is wrong in the command line (an input, an --output that "
+    "cannot be written, is no results file, holds another run's settings or is being written "
+    "by another process); found before the model is loaded, except --layers / --k beyond the "
+    "blocks of a .gguf file's model and an output written by another model's weights",
 )
 
 
@@ -157,6 +162,65 @@ def _records(args: argparse.Namespace) -> list[Any]:
     return records
 
 
+def _settings_map(args: argparse.Namespace) -> dict[str, Any]:
+    from captum_iglens.run.resume import fingerprint_settings
+
+    return fingerprint_settings(
+        method=args.method, n_steps=args.n_steps, baselines=args.baseline,
+        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
+        template_kwargs=opts.template_kwargs(args), onset_frac=args.onset_frac,
+        onset_rule=args.onset_rule, top_k=args.top_k, stride=args.stride,
+        granularity=args.granularity)
+
+
+def _done_lines(output: Path) -> list[dict[str, Any]]:
+    from captum_iglens.run.results_file import ResultsFile, read_lines
+
+    files = [output, *ResultsFile(output).parts()]
+    return [line for file in files for line in read_lines(file, warn=False)[0]]
+
+
+def _before_loading(args: argparse.Namespace, records: list[Any]) -> Optional[int]:
+    """What the command line and the files decide, checked before the model is loaded.
+
+    Returns:
+        The exit status when nothing is left to do (every record done by these settings and
+        the same model files), else None.
+
+    Raises:
+        UsageError: another process holds the output's lock, --layers / --k beyond the
+            blocks of a model whose block count its name or config.json gives, or an output
+            written with other settings.
+    """
+    from captum_iglens.models.facts import block_count
+    from captum_iglens.run import resume
+
+    output, launched = Path(args.output), int(os.environ.get("WORLD_SIZE", "1")) > 1
+    lock = None if launched else resume.lock_holder(output)
+    if lock is not None:
+        raise UsageError(f"another process is writing --output {args.output!r} (it holds "
+                         f"{lock}): wait for it to finish, or write to another --output")
+    n_blocks = block_count(args.model)
+    layers = None
+    if n_blocks is not None:
+        layers = layer_opts.hidden_state_indices(layer_opts.resolve_layers(args, n_blocks),
+                                                 n_blocks)
+    planned = resume.planned_entries(_settings_map(args), args.units, layers)
+    lines = _done_lines(output)
+    problem = resume.resume_mismatch(lines, planned, output)
+    if problem:
+        raise UsageError(problem)
+    hashes = {r.id: resume.input_hash(resume.record_fields(r)) for r in records}
+    if launched or not resume.nothing_left(lines, hashes, planned, args.model_source):
+        return None
+    errors = sum(1 for line in lines if line.get("status") == "error")
+    print(f"iglens run: nothing left to do: the {len(records)} records are all in "
+          f"{args.output} ({len(records) - errors} results, {errors} errors), written with "
+          "these settings from the same model files; the model was not loaded (delete the "
+          "file, or write to another --output, to run them again)", file=sys.stderr)
+    return 1 if errors else 0
+
+
 def _place(model: Any, args: argparse.Namespace, procs: Any) -> Any:
     """Move the model to ``--device``, or to this process's device in a launched run."""
     if args.device_map:
@@ -183,13 +247,19 @@ def run(args: argparse.Namespace) -> int:
             (exit status 1).
         Exception: loading errors (exit status 1).
     """
+    from captum_iglens.models.facts import source_id
+
+    records = _records(args)
+    args.model_source = source_id(args.model)
+    status = _before_loading(args, records)  # torch is not imported yet: this takes ~1 s
+    if status is not None:
+        return status
     from captum_iglens import IGLens, resolve_decoder_blocks
     from captum_iglens.run.distributed import processes
     from captum_iglens.run.runner import run_records
     from captum_iglens.run.settings import RunSettings
     from captum_iglens.text.document import DEFAULT_CHUNK
 
-    records = _records(args)
     procs = processes()
     model, tokenizer = load(args.model, device_map=args.device_map)
     model = _place(model, args, procs)
@@ -204,12 +274,15 @@ def run(args: argparse.Namespace) -> int:
         stride=args.stride, chunk=args.chunk or DEFAULT_CHUNK,
         attribute_kwargs={"method": args.method, "n_steps": args.n_steps,
                           "baselines": args.baseline,
-                          "internal_batch_size": args.internal_batch_size})
+                          "internal_batch_size": args.internal_batch_size},
+        model_source=args.model_source)
     try:
         report = run_records(model, tokenizer, records, args.output, settings, lens,
                              progress=not args.no_progress, procs=procs)
     except ResultsWriteError as err:
         raise RuntimeError(err.message("choose --output elsewhere")) from err
+    except RunMismatchError as err:  # another model's weights: known only after the load
+        raise UsageError(str(err)) from err
     if procs.is_main:
         print(report.format(), file=sys.stderr)
     # Launchers (torchrun, accelerate) read a non-zero status as a crashed worker.

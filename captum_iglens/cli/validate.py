@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_prompts_file(args: argparse.Namespace) -> None:
-    from captum_iglens.validate.driver import load_prompts
+    from captum_iglens.validate.inputs import load_prompts
 
     try:
         args.prompts = load_prompts(args.prompts_file)
@@ -113,7 +113,7 @@ def _check_prompts_file(args: argparse.Namespace) -> None:
 
 def _check_pairs_file(args: argparse.Namespace) -> None:
     """Read the patching pairs (when patching runs), before loading."""
-    from captum_iglens.validate.patching import load_pairs
+    from captum_iglens.validate.pairs import load_pairs
 
     args.pairs = None
     if args.ablation not in ("patch", "all"):
@@ -127,21 +127,45 @@ def _check_pairs_file(args: argparse.Namespace) -> None:
 def _check_mean_reference(args: argparse.Namespace) -> None:
     """Refuse before loading a prompt set too small for mean ablation, where it is certain.
 
-    For the embedded model the prompts' token counts are bounded without its tokenizer
-    (:data:`EMBEDDED_TEMPLATE_TOKENS` plus the UTF-8 bytes); another model's template is
-    unknown until it is loaded (then :func:`captum_iglens.validate.driver.validate` checks).
+    For the embedded model the prompts' token counts are bounded without loading it:
+    :data:`EMBEDDED_TEMPLATE_TOKENS` plus one, plus each prompt's tokens as the tokenizer of
+    its cache entry splits them (read without transformers), or plus its UTF-8 bytes where
+    the model was never cached. Another model's template is unknown until it is loaded
+    (then :func:`captum_iglens.validate.driver.validate` checks).
 
     Raises:
         UsageError: even the bounded counts leave every prompt's reference set short.
     """
-    from captum_iglens.validate.driver import reference_shortfall
+    from captum_iglens.models.registry import SMOLLM2_NAMES
+    from captum_iglens.validate.inputs import reference_shortfall
 
-    if args.ablation not in ("mean", "all") or args.model not in (None, opts.DEFAULT_MODEL):
+    name = (args.model or opts.DEFAULT_MODEL).strip().lower()
+    if args.ablation not in ("mean", "all") or name not in SMOLLM2_NAMES:
         return
-    bounds = [EMBEDDED_TEMPLATE_TOKENS + len(p.encode("utf-8")) for p in args.prompts]
-    shortfall = reference_shortfall(bounds, args.max_new_tokens)
+    shortfall = reference_shortfall(_embedded_bounds(args.prompts), args.max_new_tokens)
     if shortfall:
         raise UsageError(f"{shortfall}: {_REMEDY}")
+
+
+def _embedded_bounds(prompts: list[str]) -> list[int]:
+    """Upper bounds of the embedded model's token counts of ``prompts`` (template included).
+
+    The chat template adds at most :data:`EMBEDDED_TEMPLATE_TOKENS` tokens around a prompt;
+    one more allows for a merge at its boundary going the other way.
+    """
+    from captum_iglens.models.facts import embedded_tokenizer_file
+
+    path = embedded_tokenizer_file()
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path)) if path is not None else None
+    except Exception:  # noqa: BLE001 - no usable tokenizer file: the looser byte bound
+        tokenizer = None
+    if tokenizer is None:
+        return [EMBEDDED_TEMPLATE_TOKENS + len(p.encode("utf-8")) for p in prompts]
+    return [EMBEDDED_TEMPLATE_TOKENS + 1 + len(tokenizer.encode(p, add_special_tokens=False).ids)
+            for p in prompts]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -111,6 +111,69 @@ def _fits(model: nn.Module, layout: ArchitectureLayout) -> bool:
         isinstance(norm, nn.Module) or (norm is None and layout.norm_optional))
 
 
+_DECODER_ONLY = ("IG-Lens explains decoder-only causal language models (Llama, GPT-2, Qwen, "
+                 "Gemma, ...), whose residual stream at a position ends in the next-token "
+                 "prediction")
+
+
+def _not_a_model(obj: object) -> str:
+    """What a non-module passed as the model is, and what to pass instead."""
+    name = type(obj).__name__
+    if all(callable(getattr(obj, attr, None)) for attr in ("encode", "decode")):
+        return (f"IGLens(model) takes the model, got a tokenizer ({name}): are the arguments "
+                "swapped? Build the lens from the model alone, IGLens(model), and give the "
+                "tokenizer to explain(model, tokenizer, prompt) or use it to make the token "
+                "ids that IGLens.attribute takes.")
+    return (f"IGLens(model) takes a causal LM (an nn.Module such as "
+            f"AutoModelForCausalLM.from_pretrained(...)), got {name}.")
+
+
+def _stripped(layout: ArchitectureLayout) -> Optional[ArchitectureLayout]:
+    """The layout one level down (``model.layers`` -> ``layers``): a base model's paths."""
+    parts = [path.split(".", 1) for path in (layout.blocks, layout.final_norm)]
+    if any(len(p) != 2 for p in parts) or parts[0][0] != parts[1][0]:
+        return None
+    return ArchitectureLayout(parts[0][1], parts[1][1], norm_optional=layout.norm_optional)
+
+
+def _wrong_model(inner: nn.Module, kind: str,
+                 candidates: list[ArchitectureLayout]) -> Optional[str]:
+    """The mistake behind a model whose parts cannot be located, where it is a known one.
+
+    A base model without its language-model head (``IGLens(model.model)``), an
+    encoder-decoder model (T5, BART) and an encoder (BERT, RoBERTa) are each named, with
+    what to pass instead; None for a model the generic message (pass ``readout=`` and
+    ``decoder_blocks=``) fits.
+    """
+    name, config = type(inner).__name__, getattr(inner, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return (f"{name} (model_type={kind!r}) is an encoder-decoder model: {_DECODER_ONLY}. "
+                "Load a decoder-only model with AutoModelForCausalLM.")
+    if kind in _ENCODER_TYPES or name.endswith(("ForMaskedLM", "ForSequenceClassification")):
+        return (f"{name} (model_type={kind!r}) is an encoder (a bidirectional, masked-language "
+                f"model), not a causal LM: {_DECODER_ONLY}. Load a decoder-only model with "
+                "AutoModelForCausalLM.")
+    base = [lay for lay in map(_stripped, candidates) if lay is not None and _fits(inner, lay)]
+    if base:
+        head = getattr(inner, "get_output_embeddings", None)
+        if not callable(head) or head() is None:
+            return (f"{name} (model_type={kind!r}) is a base model without its language-model "
+                    "head: IG-Lens reads the next-token probability through the final norm and "
+                    "the unembedding (lm_head). Pass the causal LM that holds both, "
+                    "IGLens(model) rather than IGLens(model.model), e.g. "
+                    "AutoModelForCausalLM.from_pretrained(...).")
+    return None
+
+
+#: Encoder (bidirectional) families of transformers, refused by name.
+_ENCODER_TYPES = frozenset((
+    "albert", "bert", "big_bird", "camembert", "convbert", "data2vec-text", "deberta",
+    "deberta-v2", "distilbert", "electra", "ernie", "esm", "flaubert", "funnel", "ibert",
+    "layoutlm", "longformer", "megatron-bert", "mobilebert", "modernbert", "mpnet", "nezha",
+    "nystromformer", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer",
+    "squeezebert", "xlm", "xlm-roberta", "xlm-roberta-xl", "xmod", "yoso"))
+
+
 def resolve_layout(model: nn.Module) -> ArchitectureLayout:
     """Return the :class:`ArchitectureLayout` of ``model`` (wrappers unwrapped).
 
@@ -123,6 +186,8 @@ def resolve_layout(model: nn.Module) -> ArchitectureLayout:
             naming every path tried and how to pass ``readout=`` and ``decoder_blocks=`` to
             :class:`~captum_iglens.IGLens` instead.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(_not_a_model(model))
     inner, kind = unwrap_model(model), model_type(model)
     row = FAMILIES.get(kind)
     if row is not None and row.refusal:
@@ -134,6 +199,9 @@ def resolve_layout(model: nn.Module) -> ArchitectureLayout:
     for layout in candidates:
         if _fits(inner, layout):
             return layout
+    mistake = _wrong_model(inner, kind, candidates)
+    if mistake:
+        raise UnknownArchitectureError(mistake)
     tried_blocks = [row.blocks] if row is not None else list(GENERIC_BLOCKS)
     tried_norms = [row.final_norm] if row is not None else list(GENERIC_NORMS)
     raise UnknownArchitectureError(

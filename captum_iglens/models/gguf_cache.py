@@ -10,12 +10,15 @@ straight from the tensors' memory.
 A cache that cannot be written (a read-only file system, no space left) is not an error: the
 model is loaded without caching and one warning names the folder and ``CAPTUM_IGLENS_CACHE``.
 A cache that cannot even be read raises :class:`CacheError` with the folder and the fix.
+
+Two processes that start on the same model at once do not both de-quantise it: the entry is
+built under a :class:`filelock.FileLock` (a ``<entry>.lock`` file beside the entry), so the
+second process waits for the first one's entry and then reads it.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -23,15 +26,20 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from torch import nn
+
+from captum_iglens.models.facts import cache_dir_for, cache_root, content_digest
 
 __all__ = [
     "CacheError",
     "cache_dir_for",
     "cache_root",
+    "cache_lock",
+    "cached_or_built",
     "checked_tokenizer",
     "content_digest",
     "dequantise",
@@ -46,36 +54,6 @@ _WARNED: set[str] = set()  # cache folders already reported as unwritable in thi
 
 class CacheError(OSError):
     """The model cache folder cannot be read; the message names the folder and the fix."""
-
-
-def cache_root() -> Path:
-    """The cache folder of de-quantised models.
-
-    ``$CAPTUM_IGLENS_CACHE``, else ``$XDG_CACHE_HOME/captum_iglens``, else
-    ``~/.cache/captum_iglens``.
-    """
-    env = os.environ.get("CAPTUM_IGLENS_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "captum_iglens" if xdg else Path.home() / ".cache" / "captum_iglens"
-
-
-def content_digest(path: Path) -> str:
-    """SHA-256 of the file's bytes (first 16 hex digits).
-
-    The same file reinstalled elsewhere or later keys the same cache entry.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def cache_dir_for(gguf: Path) -> Path:
-    """The cache entry of a GGUF file: ``cache_root() / "<file stem>-<content digest>"``."""
-    return cache_root() / f"{gguf.stem}-{content_digest(gguf)}"
 
 
 def checked_tokenizer(tokenizer: Any, folder: Path) -> Any:
@@ -134,6 +112,68 @@ def read_cache(folder: Path) -> Optional[tuple[nn.Module, Any]]:
                   "rebuilding it from the GGUF file.", stacklevel=3)
     shutil.rmtree(folder, ignore_errors=True)
     return None
+
+
+@contextmanager
+def cache_lock(folder: Path) -> Iterator[bool]:
+    """Hold the lock of the cache entry ``folder`` (the file ``<folder>.lock`` beside it).
+
+    A second process asking for the same entry waits (a note on standard error says for
+    what) until the first one releases it. Where the lock file cannot be created (a
+    read-only cache) nothing is locked: such a cache is not written either.
+
+    Args:
+        folder (Path): The cache entry.
+
+    Yields:
+        bool: whether the lock is held.
+    """
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(folder) + ".lock")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            _note(f"waiting for another process that is writing the model cache {folder} "
+                  f"(lock file {lock.lock_file}) ...")
+            lock.acquire()
+    except OSError:  # an unwritable cache folder: no lock, and no cache written either
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+def cached_or_built(folder: Optional[Path],
+                    build: Callable[[Optional[Path]], tuple[nn.Module, Any]]
+                    ) -> tuple[nn.Module, Any]:
+    """The cached (model, tokenizer) of ``folder``, else ``build(folder)``'s, built once.
+
+    The entry is read first without the lock; when it is missing it is read again under
+    :func:`cache_lock` (another process may have written it meanwhile) and only then built,
+    so that concurrent processes de-quantise a model once.
+
+    Args:
+        folder (Path, optional): The cache entry; None: no cache (``build(None)``).
+        build (callable): Builds (model, tokenizer) and writes the entry it is given.
+
+    Returns:
+        (model, tokenizer), the model in eval mode.
+
+    Raises:
+        CacheError: the entry cannot be read.
+    """
+    if folder is None:
+        return build(None)
+    loaded = read_cache(folder)
+    if loaded is not None:
+        return loaded
+    with cache_lock(folder):
+        return read_cache(folder) or build(folder)
 
 
 def _dequantise_options() -> dict[str, Any]:

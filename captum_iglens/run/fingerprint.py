@@ -16,7 +16,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch import nn
 from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.run.results_file import RunMismatchError
+from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
 from captum_iglens.settings import DEFAULT_GRANULARITY
 
 __all__ = [
@@ -31,16 +32,11 @@ __all__ = [
     "RunMismatchError",
     "check_resume",
     "input_hash",
+    "record_fields",
     "run_fingerprint",
     "run_lock",
     "weights_digest",
 ]
-
-#: The fingerprint entries that must agree for a resume (versions of torch and transformers
-#: are recorded but not compared: an upgrade between two sittings of one run is allowed).
-FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "method",
-                    "n_steps", "baselines", "max_new_tokens", "chat_template", "template_kwargs",
-                    "onset_frac", "onset_rule", "top_k", "stride")
 
 
 def weights_digest(model: nn.Module) -> str:
@@ -61,14 +57,6 @@ def weights_digest(model: nn.Module) -> str:
             flat = tensor.cpu().contiguous().reshape(-1)
             digest.update(flat.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous()
-        return f"tensor{tuple(data.shape)}:" + hashlib.blake2b(
-            data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()
-    return value
 
 
 def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
@@ -111,13 +99,6 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     entries["torch"] = torch.__version__
     entries["transformers"] = transformers.__version__
     return entries
-
-
-def input_hash(fields: Mapping[str, Any]) -> str:
-    """A hash of one record's input (prompt, text, answer, target, contrast, positions...)."""
-    text = json.dumps({k: _jsonable(v) for k, v in fields.items()}, sort_keys=True,
-                      default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, Any],
@@ -186,10 +167,3 @@ def run_lock(path: Path, enabled: bool = True) -> Iterator[None]:
     finally:
         handle.close()
         lock.unlink(missing_ok=True)
-
-
-def record_fields(record: Any) -> dict[str, Optional[Any]]:
-    """The input fields of a record that its numbers depend on."""
-    keys = ("prompt", "text", "answer", "answer_ids", "target", "contrast", "positions")
-    return {key: getattr(record, key, None) for key in keys}
-

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from captum_iglens._utils.lines import split_lines, surrogate_problem
+
 __all__ = [
     "FIELDS", "JSONL_SUFFIXES", "Record", "read_document", "read_records"]
 
@@ -98,6 +100,11 @@ def _problem(data: dict[str, Any]) -> Optional[str]:
         return f"\"{name}\" must be text (a JSON string), got {type(body).__name__} {body!r:.40}"
     if not body.strip():
         return f"the {name} is empty: give some text"
+    for key in (name, "answer", "target", "contrast"):
+        value = data.get(key)
+        broken = surrogate_problem(value, f"\"{key}\"") if isinstance(value, str) else None
+        if broken:
+            return broken
     given = [k for k in ("answer", "answer_ids", "target") if data.get(k) is not None]
     if len(given) > 1:
         return f"give one of \"answer\", \"answer_ids\" and \"target\", not {given}"
@@ -166,7 +173,9 @@ def read_records(path: Union[str, Path]) -> list[Record]:
             needs unique ids), or a plain-text file holds JSON records.
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is dropped
+    # a byte-order mark is dropped; lines end at "\n" only (U+2028 and the other Unicode
+    # line boundaries are characters of a record, as JSON Lines and text files define them)
+    lines = split_lines(path.read_text(encoding="utf-8-sig"))
     is_jsonl = path.suffix.lower() in JSONL_SUFFIXES
     records: list[Record] = []
     for number, line in enumerate(lines, start=1):

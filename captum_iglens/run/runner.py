@@ -33,6 +33,7 @@ from captum_iglens.run.fingerprint import (
 from captum_iglens.run.plan import Unit, batch_groups, check_length, finish_job, plan_units
 from captum_iglens.run.records import Record
 from captum_iglens.run.results_file import ResultsFile, check_results_file, read_lines
+from captum_iglens.run.resume import fingerprint_settings
 from captum_iglens.run.settings import RunReport, RunSettings
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
@@ -261,17 +262,20 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     refusing an output that another run wrote (:func:`~captum_iglens.run.fingerprint.check_resume`).
     """
     attribute = settings.attribute_kwargs
-    fingerprint = run_fingerprint(lens.model, layers=lens.layer_indices, units=lens.units,
-                                  settings={
-        "method": attribute.get("method", DEFAULT_METHOD),
-        "n_steps": attribute.get("n_steps", DEFAULT_N_STEPS),
-        "baselines": attribute.get("baselines", DEFAULT_BASELINE),
-        "max_new_tokens": settings.max_new_tokens, "chat_template": settings.chat_template,
-        "template_kwargs": settings.template_kwargs, "onset_frac": settings.onset_frac,
-        "onset_rule": settings.onset_rule, "top_k": settings.top_k, "stride": settings.stride,
-        **({} if lens.granularity == "block" else {"granularity": lens.granularity})})
+    fingerprint = run_fingerprint(
+        lens.model, layers=lens.layer_indices, units=lens.units,
+        settings=fingerprint_settings(
+            method=attribute.get("method", DEFAULT_METHOD),
+            n_steps=attribute.get("n_steps", DEFAULT_N_STEPS),
+            baselines=attribute.get("baselines", DEFAULT_BASELINE),
+            max_new_tokens=settings.max_new_tokens, chat_template=settings.chat_template,
+            template_kwargs=settings.template_kwargs, onset_frac=settings.onset_frac,
+            onset_rule=settings.onset_rule, top_k=settings.top_k, stride=settings.stride,
+            granularity=lens.granularity))
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
+    if settings.model_source is not None:  # not compared: lets a rerun skip the load
+        fingerprint = {**fingerprint, "source": settings.model_source}
     out.stamp = {"run": fingerprint}
     out.input_hashes = {r.id: input_hash(record_fields(r)) for r in records}
     done = {line.get("id"): line.get("input_hash") for line in lines}

@@ -32,6 +32,10 @@ class RunSettings:
         chunk (int): Document mode: positions per forward. Default: 512.
         attribute_kwargs (dict): ``baselines``, ``method``, ``n_steps``,
             ``internal_batch_size`` for :meth:`~captum_iglens.IGLens.attribute`.
+        model_source (str, optional): The identity of the model's files
+            (:func:`captum_iglens.models.facts.source_id`), recorded in every line's
+            fingerprint as ``source`` (not compared) so that a rerun with nothing left to do
+            can tell so without loading the model. Default: None (not recorded).
     """
 
     batch_size: int = 8
@@ -44,6 +48,7 @@ class RunSettings:
     stride: int = 1
     chunk: int = DEFAULT_CHUNK
     attribute_kwargs: dict[str, Any] = field(default_factory=dict)
+    model_source: Optional[str] = None
 
 
 @dataclass

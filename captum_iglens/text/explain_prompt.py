@@ -30,6 +30,7 @@ from captum_iglens.text.packaging import AnswerSpec, result_from_output
 from captum_iglens.text.prompts import (
     RenderedPrompt,
     build_prompt_ids,
+    check_prompt_type,
     render_prompt,
     target_ids,
     target_token_id,
@@ -226,6 +227,8 @@ def explain(
         IGLensResult (or a list of them, one per prompt, for several prompts).
 
     Raises:
+        TypeError: a prompt that is not text (token ids or a tensor: use
+            :meth:`IGLens.attribute` for those).
         ValueError: empty prompt or target, no prompts, the model generated no token, or
             the prompt plus ``max_new_tokens`` (or the target) beyond the model's context
             (the same rule as ``iglens run``:
@@ -238,6 +241,7 @@ def explain(
         >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."],
         ...                   method="gausslegendre", n_steps=64)
     """
+    check_prompt_type(prompt)
     model = strip_parallel(model)
     lens = IGLens(model, layers=layers, units=units, granularity=granularity, heads=heads)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,

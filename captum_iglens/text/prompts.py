@@ -21,6 +21,7 @@ from captum_iglens._utils.typing import is_int
 
 __all__ = [
     "RenderedPrompt",
+    "check_prompt_type",
     "build_prompt_ids",
     "decode_token",
     "padded_vocab_rows",
@@ -302,3 +303,21 @@ def target_token_id(tokenizer: Any, text: str) -> int:
             "turn. A leading space gives a different token (' Paris' vs 'Paris')."
         )
     return ids[0]
+
+
+def check_prompt_type(prompt: object) -> None:
+    """Refuse a prompt that is not text (token ids, a tensor), naming what to call instead.
+
+    Raises:
+        TypeError: ``prompt`` is neither a str nor a sequence of str.
+    """
+    if isinstance(prompt, str) or (isinstance(prompt, (list, tuple))
+                                   and all(isinstance(p, str) for p in prompt)):
+        return
+    shape = getattr(prompt, "shape", None)
+    got = (f"a {type(prompt).__name__} of shape {tuple(shape)}" if shape is not None
+           else f"{type(prompt).__name__} {prompt!r:.60}")
+    raise TypeError(
+        f"explain(model, tokenizer, prompt) takes the prompt as text (a str, or a list of str), "
+        f"got {got}. To explain token ids, use IGLens(model).attribute(input_ids, target=...); "
+        "or decode them first: explain(model, tokenizer, tokenizer.decode(input_ids[0])).")

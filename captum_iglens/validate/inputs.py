@@ -16,11 +16,12 @@ import platform
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
-from torch import nn
+from captum_iglens._utils.lines import split_lines, surrogate_problem
 
-from captum_iglens.text.prompts import render_prompt
+if TYPE_CHECKING:  # torch is imported only where a model is: the CLI reads prompts before
+    from torch import nn
 
 __all__ = ["DEFAULT_MIN_REFERENCE", "data_file", "load_prompts", "max_reference_positions",
            "prompt_lengths", "provenance", "reference_shortfall"]
@@ -53,11 +54,15 @@ def load_prompts(path: Union[str, Path, None] = None) -> list[str]:
     else:
         text = Path(path).read_text(encoding="utf-8")
         is_jsonl = str(path).endswith(".jsonl")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line.strip() for line in split_lines(text) if line.strip()]
     prompts = [_prompt_of(json.loads(line)) for line in lines] if is_jsonl else lines
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise ValueError(f"{path or 'the packaged prompt set'} holds no prompt, or a JSON line "
                          "without a non-empty \"prompt\" string.")
+    for number, prompt in enumerate(prompts, start=1):
+        broken = surrogate_problem(prompt, f"prompt {number}")
+        if broken:
+            raise ValueError(f"{path or 'the packaged prompt set'}: {broken}.")
     return prompts
 
 
@@ -76,6 +81,8 @@ def prompt_lengths(tokenizer: Any, prompts: Sequence[str]) -> list[int]:
         list[int]: one count per prompt. The template warnings (no template, a template that
         writes today's date) are left to the explanation itself.
     """
+    from captum_iglens.text.prompts import render_prompt
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return [len(render_prompt(tokenizer, prompt, True).ids) for prompt in prompts]

@@ -26,11 +26,8 @@ other run's, whatever the prefix).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -42,70 +39,10 @@ from captum_iglens.validate.ablation import BlockAblation, ResidualTrace
 from captum_iglens.validate.ablation_checks import compare
 from captum_iglens.validate.ablation_hooks import eval_mode, hooked
 from captum_iglens.validate.ablation_rows import RowPlan, token_probs
+from captum_iglens.validate.pairs import PairAlignmentError, PromptPair, load_pairs
 
 __all__ = ["PairAlignmentError", "PairPatch", "PromptPair", "load_pairs", "pair_ids",
            "patch_pair", "patch_pairs"]
-
-_FIELDS = ("id", "category", "clean", "corrupted", "answer", "foil")
-
-
-class PairAlignmentError(ValueError):
-    """Too few prompt pairs whose clean and corrupted prompts align for a tokenizer."""
-
-
-@dataclass(frozen=True)
-class PromptPair:
-    """A clean and a corrupted prompt (plain text, no chat template) and their answers.
-
-    Attributes:
-        id (str) / category (str): Name and kind (capital, arithmetic, agreement, ...).
-        clean (str) / corrupted (str): The prompts; as many tokens each.
-        answer (str) / foil (str): The continuation that fits each (its first token is read).
-    """
-
-    id: str
-    category: str
-    clean: str
-    corrupted: str
-    answer: str
-    foil: str
-
-
-def load_pairs(path: Union[str, Path, None] = None) -> list[PromptPair]:
-    """The prompt pairs: the set shipped with the package, or a ``.jsonl`` file.
-
-    Args:
-        path (str or Path, optional): One JSON object per line with the string fields
-            ``id``, ``category``, ``clean``, ``corrupted``, ``answer``, ``foil``. Default:
-            the package's ``data/patching_pairs.jsonl``.
-
-    Returns:
-        list[PromptPair]: in file order.
-
-    Raises:
-        ValueError: no pair, a missing or empty field, or an id given twice.
-    """
-    where = path or "the packaged pair set"
-    if path is None:
-        text = (resources.files("captum_iglens") / "data" / "patching_pairs.jsonl"
-                ).read_text(encoding="utf-8")
-    else:
-        text = Path(path).read_text(encoding="utf-8")
-    pairs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        entry = json.loads(line)
-        if not isinstance(entry, dict) or not all(
-                isinstance(entry.get(k), str) and entry[k] for k in _FIELDS):
-            raise ValueError(f"{where}, line {number}: a pair needs the non-empty string "
-                             f"fields {', '.join(_FIELDS)}.")
-        pairs.append(PromptPair(**{k: entry[k] for k in _FIELDS}))
-    ids = [p.id for p in pairs]
-    if not pairs or len(set(ids)) != len(ids):
-        raise ValueError(f"{where} holds no pair, or an id twice.")
-    return pairs
-
 
 def pair_ids(tokenizer: Any, pair: PromptPair) -> tuple[list[int], list[int], int, int]:
     """Token ids of a pair: ``(clean, corrupted, y, foil)``.

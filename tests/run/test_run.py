@@ -474,7 +474,8 @@ def test_rerun_skips_everything_and_a_torn_line_is_redone(tiny_folder, loaded, t
     assert len(first.splitlines()) == 4
     capsys.readouterr()
     assert main(run_args(tiny_folder, source, out, "--batch-size", "1")) == 0
-    assert "(4 were already done)" in capsys.readouterr().err
+    # every record done by these settings and model files: said without loading the model
+    assert "nothing left to do: the 4 records are all in" in capsys.readouterr().err
     assert out.read_bytes() == first
     report = run_records(model, tok, read_records(source), out,
                          RunSettings(batch_size=1, max_new_tokens=MAX_NEW, chat_template=False),

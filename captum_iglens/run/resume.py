@@ -1,0 +1,195 @@
+"""What a resumed run can decide before its model loads: settings, the lock, work left.
+
+A results file of ``iglens run`` records on every line the run's fingerprint: the model's
+weights digest (known only once the model is loaded) and every setting the command line
+decides. The settings are compared here, without torch, before the load, so that resuming
+with another ``--k`` or ``--method`` is refused in a second rather than after the load; so is
+an output another process holds the lock of. A run whose every record is already done, by
+the same settings and the same model files (:func:`captum_iglens.models.facts.source_id`),
+has nothing left to do and does not load the model at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_GRANULARITY
+
+__all__ = ["FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings", "input_hash",
+           "lock_holder", "nothing_left", "planned_entries", "record_fields", "resume_mismatch",
+           "settings_mismatch"]
+
+#: The fingerprint entries that must agree for a resume (versions of torch and transformers
+#: are recorded but not compared: an upgrade between two sittings of one run is allowed).
+FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "method",
+                    "n_steps", "baselines", "max_new_tokens", "chat_template", "template_kwargs",
+                    "onset_frac", "onset_rule", "top_k", "stride")
+#: The entries that come from the run's settings (the command line), not from the model.
+SETTINGS_KEYS = FINGERPRINT_KEYS[6:]
+
+
+def _jsonable(value: Any) -> Any:
+    torch = sys.modules.get("torch")  # a tensor can only come from a caller that imported it
+    if torch is not None and isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return f"tensor{tuple(data.shape)}:" + hashlib.blake2b(
+            data.reshape(-1).view(torch.uint8).numpy().tobytes(), digest_size=8).hexdigest()
+    return value
+
+
+def input_hash(fields: Mapping[str, Any]) -> str:
+    """A hash of one record's input (prompt, text, answer, target, contrast, positions...)."""
+    text = json.dumps({k: _jsonable(v) for k, v in fields.items()}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint_settings(*, method: str, n_steps: int, baselines: Any, max_new_tokens: int,
+                         chat_template: bool, template_kwargs: Optional[Mapping[str, Any]],
+                         onset_frac: float, onset_rule: str, top_k: int, stride: int,
+                         granularity: str) -> dict[str, Any]:
+    """The settings mapping of a run's fingerprint (for the run and the check before the load).
+
+    Returns:
+        dict: the keys of :data:`SETTINGS_KEYS`, and ``granularity`` when it is not
+        ``"block"``.
+    """
+    return {"method": method, "n_steps": n_steps, "baselines": baselines,
+            "max_new_tokens": max_new_tokens, "chat_template": chat_template,
+            "template_kwargs": template_kwargs, "onset_frac": onset_frac,
+            "onset_rule": onset_rule, "top_k": top_k, "stride": stride,
+            **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity})}
+
+
+def record_fields(record: Any) -> dict[str, Optional[Any]]:
+    """The input fields of a record that its numbers depend on."""
+    keys = ("prompt", "text", "answer", "answer_ids", "target", "contrast", "positions")
+    return {key: getattr(record, key, None) for key in keys}
+
+
+def planned_entries(settings: Mapping[str, Any], units: str,
+                    layers: Optional[Sequence[int]] = None) -> dict[str, Any]:
+    """The fingerprint entries a run will record that do not depend on the loaded model.
+
+    Args:
+        settings (mapping): As for :func:`captum_iglens.run.fingerprint.run_fingerprint`.
+        units (str): ``"probability"`` or ``"log-probability"``.
+        layers (sequence of int, optional): The hidden-state indices, where the number of
+            blocks is known before the load; None leaves them out.
+
+    Returns:
+        dict: ``package``, ``units``, the entries of :data:`SETTINGS_KEYS` (``n_steps`` None
+        for the exact estimator), ``layers`` when given and ``granularity`` when it is not
+        ``"block"``, as the fingerprint records them.
+    """
+    from captum_iglens import __version__
+
+    entries: dict[str, Any] = {"package": __version__, "units": units}
+    if layers is not None:
+        entries["layers"] = list(layers)
+    for key in SETTINGS_KEYS:
+        entries[key] = _jsonable(settings.get(key))
+    if entries["method"] not in CAPTUM_METHODS:
+        entries["n_steps"] = None  # an exact estimator does not depend on it
+    granularity = settings.get("granularity") or DEFAULT_GRANULARITY
+    if granularity != DEFAULT_GRANULARITY:
+        entries["granularity"] = granularity
+    return entries
+
+
+def settings_mismatch(theirs: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
+    """What differs between a line's fingerprint and the planned entries, one item each."""
+    keys = [*FINGERPRINT_KEYS, "granularity"]
+    diffs = []
+    for key in keys:
+        if key not in planned and key != "granularity":
+            continue
+        mine = planned.get(key, DEFAULT_GRANULARITY if key == "granularity" else None)
+        other = theirs.get(key, DEFAULT_GRANULARITY if key == "granularity" else None)
+        if json.dumps(other, sort_keys=True, default=str) != json.dumps(
+                mine, sort_keys=True, default=str):
+            diffs.append(f"{key}: {other!r} there, {mine!r} now")
+    return diffs
+
+
+def resume_mismatch(lines: Sequence[Mapping[str, Any]], planned: Mapping[str, Any],
+                    path: Path) -> Optional[str]:
+    """Why ``path`` cannot be resumed with these settings; None when its lines agree.
+
+    Only the entries in ``planned`` are compared (the weights digest is left to the check
+    after the load); lines without a fingerprint are left to it too.
+    """
+    for line in lines:
+        theirs = line.get("run")
+        if not isinstance(theirs, Mapping):
+            continue
+        diffs = settings_mismatch(theirs, planned)
+        if diffs:
+            return (f"{path} holds results of another run ({'; '.join(diffs)}): resuming would "
+                    "mix their numbers. Write to another --output, or delete the file to start "
+                    "over.")
+    return None
+
+
+def lock_holder(path: Path) -> Optional[Path]:
+    """The lock file of ``path`` when another process holds it (a run writing it); else None.
+
+    The lock is only probed: a missing lock file is not created, a free one is left as is.
+    """
+    lock = path.with_name(f"{path.name}.lock")
+    try:
+        import fcntl
+    except ImportError:  # Windows: runs take no lock there
+        return None
+    try:
+        handle = open(lock, "rb")
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return lock
+        except OSError:
+            return None
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+def nothing_left(lines: Sequence[Mapping[str, Any]], hashes: Mapping[Any, str],
+                 planned: Mapping[str, Any], source: Optional[str]) -> bool:
+    """Whether every record is done, by this run's settings and the same model files.
+
+    Args:
+        lines: The complete lines of the output.
+        hashes: Record id -> :func:`input_hash` of its input, for every record, in input
+            order.
+        planned: :func:`planned_entries` with ``layers``.
+        source: :func:`captum_iglens.models.facts.source_id` of the model (None: unknown).
+
+    Returns:
+        bool: True when every id has one line with its input hash, in input order, and
+        every line records the planned settings, ``source`` and one digest; False when
+        anything is unknown or differs (the run then loads the model and decides).
+    """
+    if source is None or "layers" not in planned or not lines:
+        return False
+    ids = [line.get("id") for line in lines]
+    done = {line.get("id"): line.get("input_hash") for line in lines}
+    if len(done) != len(ids) or any(done.get(rid) != h for rid, h in hashes.items()):
+        return False  # an id twice (a merge is due), or a record to run
+    order = {rid: n for n, rid in enumerate(hashes)}
+    known = [order[rid] for rid in ids if rid in order]
+    if known != sorted(known):
+        return False  # not yet merged in input order
+    for line in lines:
+        theirs = line.get("run")
+        if (not isinstance(theirs, Mapping) or theirs.get("source") != source
+                or settings_mismatch(theirs, planned)):
+            return False
+    digests = {line["run"].get("digest") for line in lines}
+    return len(digests) == 1
