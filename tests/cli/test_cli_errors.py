@@ -343,6 +343,28 @@ def test_template_date_warning_reaches_the_command(tiny_folder, capsys):
     assert err.count("--template-date '26 Jul 2024' has no effect") == 1
 
 
+@pytest.fixture(scope="module")
+def plain_template_folder(tmp_path_factory) -> Path:
+    """The tiny llama with a chat template that writes no date."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama-plain-template"
+    make_tiny("llama", n_layers=3).save_pretrained(folder)
+    word_tokenizer(chat_template=PLAIN_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("command", [[], ["compare"]])
+def test_template_date_warning_is_said_once(plain_template_folder, command, capsys):
+    # the trap: the CLI said it, then the library's render_prompt said it again
+    # ("date_string='26 Jul 2024' has no effect"), once per prompt
+    prompts = ["w4"] if command else ["w4", "w5"]
+    assert main([*command, "--model", str(plain_template_folder), "--template-date",
+                 "26 Jul 2024", "--k", "1", "--max-new-tokens", "1", *prompts]) == 0
+    err = capsys.readouterr().err
+    assert err.count("has no effect") == 1, err
+    assert "--template-date '26 Jul 2024' has no effect: this model's chat template writes " \
+        "no date" in err
+
+
 @pytest.fixture
 def no_explain(monkeypatch):
     def explain(*_args, **_kwargs):
