@@ -41,6 +41,8 @@ EXIT_STATUS = exit_status_help(
     usage="usage error: something is wrong in the command line (an input, or an --output that "
     "cannot be written or is no results file); found before the model is loaded, except "
     "--layers / --k beyond the model's blocks",
+    interrupted="interrupted (Ctrl-C); the records already written are kept: re-run the same "
+    "command to resume",
 )
 
 

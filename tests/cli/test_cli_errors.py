@@ -217,6 +217,18 @@ def test_run_unreadable_output_is_refused_before_loading(source, tmp_path, no_lo
     assert error_line(capsys).endswith("cannot be read to resume it: Permission denied")
 
 
+def test_interrupted_run_says_the_same_command_resumes(source, tmp_path, monkeypatch, capsys):
+    def load_model(spec=None, use_cache=True, device_map=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    assert main(run_argv(tmp_path, source, tmp_path / "out.jsonl")) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "iglens: interrupted: the records already in the results file are kept; re-run the "
+        "same command to resume")
+    assert "re-run the same command to resume" in " ".join(COMMANDS["run"].EXIT_STATUS.split())
+
+
 def test_full_disk_is_one_line_naming_the_file_and_the_run_resumes(tiny_folder, source, tmp_path,
                                                                    monkeypatch, capsys):
     out = tmp_path / "out.jsonl"
