@@ -217,6 +217,21 @@ def test_run_unreadable_output_is_refused_before_loading(source, tmp_path, no_lo
     assert error_line(capsys).endswith("cannot be read to resume it: Permission denied")
 
 
+def test_compare_names_the_greedy_answer_token(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    assert main(["compare", "--model", str(tiny_folder), "--no-chat-template", "--k", "1",
+                 "--n-steps", "2", "--max-new-tokens", "2", "--token-index", "1",
+                 "--json", str(out), "w4"]) == 0
+    text = capsys.readouterr().out
+    head = next(line for line in text.splitlines() if line.startswith("target "))
+    # the trap: the token the model generated greedily was called "given"
+    assert ", greedy answer token) at position" in head and "given" not in head
+    assert json.loads(out.read_text())["target_source"] == "greedy answer token"
+    assert main(["compare", "--model", str(tiny_folder), "--no-chat-template", "--k", "1",
+                 "--n-steps", "2", "--prefix", "w5", "w4"]) == 0
+    assert ", model argmax) at position" in capsys.readouterr().out
+
+
 def test_interrupted_run_says_the_same_command_resumes(source, tmp_path, monkeypatch, capsys):
     def load_model(spec=None, use_cache=True, device_map=None):
         raise KeyboardInterrupt
