@@ -25,12 +25,27 @@ from captum_iglens.settings import DEFAULT_GRANULARITY
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
 
-__all__ = ["DISPLAYS", "display_attributions", "layer_labels", "row_normalised",
-           "visualization_records"]
+__all__ = ["CREDIT_COLOURS", "DISPLAYS", "credit_colormap", "display_attributions",
+           "layer_labels", "row_normalised", "visualization_records"]
 
 #: The displays of credits the plots take (``display=``).
 DISPLAYS = ("credit", "row", "log-probability")
 _TINY = 1e-30  # a floor for log f of a level that rounds to 0
+#: The credit colours, negative to positive: Captum's convention (``plot_token_attr``'s
+#: "RdWhGn" map and ``visualize_text``'s hues): red for a negative credit, green for a
+#: positive one, white at 0.
+CREDIT_COLOURS = ("red", "white", "green")
+
+
+def credit_colormap() -> Any:
+    """The diverging ``matplotlib`` colour map of credits (:data:`CREDIT_COLOURS`).
+
+    The plots of :mod:`captum_iglens.plot` and Captum's ``plot_token_attr`` of the same
+    result draw a credit in the same colour; centre it at 0 with symmetric limits.
+    """
+    from matplotlib.colors import LinearSegmentedColormap
+
+    return LinearSegmentedColormap.from_list("iglens_RdWhGn", list(CREDIT_COLOURS))
 
 
 def row_normalised(attributions: Tensor) -> Tensor:
@@ -82,15 +97,17 @@ def visualization_records(
     probs: Optional[Tensor],
     convergence_delta: Optional[Tensor],
     normalize: bool = True,
+    baseline_attr: Optional[Tensor] = None,
 ) -> list[Any]:
     """Captum ``VisualizationDataRecord`` per answer token: its credits over the layers.
 
     ``visualize_text`` colours each "word" (here a layer name) by its attribution, clipped
-    to ``[-1, 1]``: with ``normalize`` (default) each row is divided by its largest
-    ``|credit|`` so every token's layers are coloured; the record's ``attr_score`` is the
-    row's un-normalised sum (``delta_p`` less the baseline's readout for
-    :class:`IGLensLLMAttributionResult`), ``pred_prob`` the model's probability,
-    ``convergence_score`` the completeness error.
+    to ``[-1, 1]`` (red negative, green positive): with ``normalize`` (default) each row is
+    divided by its largest ``|credit|`` so every token's layers are coloured; the record's
+    ``attr_score`` is what the credits add up to, ``Δp = f(x) - f(b)`` (the row's
+    un-normalised sum plus ``baseline_attr``, the baseline's readout ``-f(b)`` that an
+    :class:`IGLensLLMAttributionResult` keeps out of its rows), ``pred_prob`` the model's
+    probability, ``convergence_score`` the completeness error.
 
     Args:
         attributions (Tensor): ``[T, k]`` credits.
@@ -99,6 +116,8 @@ def visualization_records(
         probs (Tensor, optional): ``[T]`` the model's probability of each token.
         convergence_delta (Tensor, optional): ``[T]`` completeness errors.
         normalize (bool, optional): Scale each row to ``[-1, 1]``. Default: True.
+        baseline_attr (Tensor, optional): ``[T]`` what was kept out of each row (``-f(b)``),
+            added back into the score. Default: None (the rows hold all of ``Δp``).
 
     Returns:
         list[captum.attr.visualization.VisualizationDataRecord]
@@ -110,9 +129,12 @@ def visualization_records(
     attr = attributions.detach().float().cpu()
     shown = row_normalised(attr) if normalize else attr
     records = []
+    kept_out = (torch.zeros(len(tokens), dtype=torch.float64) if baseline_attr is None
+                else baseline_attr.detach().cpu().double())
     for t, token in enumerate(tokens):
+        score = float(attr[t].double().sum() + kept_out[t])  # Δp, not f(x)
         records.append(record(
             shown[t], float(probs[t]) if probs is not None else float("nan"), token, token,
-            token, float(attr[t].double().sum()), list(layers),
+            token, score, list(layers),
             float(convergence_delta[t]) if convergence_delta is not None else None))
     return records

@@ -156,18 +156,21 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
              label: str = "") -> None:
     """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
 
+    The colours are Captum's (red negative, white 0, green positive), as in
+    ``result.to_captum().plot_token_attr()``.
+
     With layer 0 first, its column is labelled ``b→emb`` and a line sets it apart: its
     credit is the move from the baseline to ``h_0``, not a block's.
     """
     from matplotlib.colors import Normalize
 
-    from captum_iglens._utils.display import layer_labels
+    from captum_iglens._utils.display import credit_colormap, layer_labels
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
     limit = float(np.abs(attr).max()) if attr.size else 0.0
     limit = limit if limit > 0 else 1e-12
-    image = ax.imshow(
-        attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
+    image = ax.imshow(  # Captum's colours: red negative, green positive
+        attr if attr.size else np.zeros((1, k)), cmap=credit_colormap(),
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
     )
     fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
@@ -264,8 +267,10 @@ def plot_result(
 
     Title: the prompt (cut with an ellipsis) and the answer, wrapped to the figure width,
     marked when generation was truncated. Left: the ``[T, k]`` credits with a diverging
-    colour map centred at 0 (symmetric limits), every answer token labelled with its index
-    (``*``: not the argmax of the explained forward), the onset layer of each token boxed.
+    colour map centred at 0 (symmetric limits; Captum's colours, red negative, green
+    positive, as ``result.to_captum().plot_token_attr()`` draws them), every answer token
+    labelled with its index (``*``: not the argmax of the explained forward), the onset
+    layer of each token boxed.
     Middle, when ``result.top_k_tokens`` is set and the grid stays readable (up to about
     16 layers): the logit lens's top-1 token per token and layer. Right: the
     logit-lens readout of each answer token over the chosen layers, coloured by token
@@ -318,8 +323,8 @@ def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = 
                  display: str = "credit") -> Figure:
     """The token x layer heatmap of IG-Lens credit alone, compact.
 
-    The left panel of :func:`plot_result` (diverging colours centred at 0, every answer
-    token labelled with its index, ``*`` where it is not the argmax, the onset layers boxed,
+    The left panel of :func:`plot_result` (Captum's diverging colours centred at 0, every
+    answer token labelled with its index, ``*`` where it is not the argmax, the onsets boxed,
     a colour bar in the result's units) without the trajectory, the title or the caption:
     about 0.16 inch per layer and 0.14 inch per token (at most 24 x 24 inches), small enough
     to embed one per record in a page (``iglens summarize --html``).

@@ -166,6 +166,8 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
     def to_visualization_records(self, normalize: bool = True) -> list[Any]:
         """One ``captum.attr.visualization.VisualizationDataRecord`` per answer token.
 
+        Each record's score is the token's ``delta_p`` (``baseline_attr`` plus its row), not
+        the row alone (that is ``output_probs``, shown already as the record's probability).
         See :func:`~captum_iglens._utils.display.visualization_records`; feed them to
         ``captum.attr.visualization.visualize_text``.
         """
@@ -174,7 +176,7 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         attr = self.token_attr if self.token_attr is not None else torch.zeros(0, 0)
         return visualization_records(
             attr, list(self.input_tokens), list(self.output_tokens), self.output_probs,
-            self.convergence_delta, normalize)
+            self.convergence_delta, normalize, baseline_attr=self.baseline_attr)
 
 
 def _shown(fig: Any, ax: Any, show: bool) -> Union[None, tuple[Any, Any]]:
