@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
 
 __all__ = ["CREDIT_COLOURS", "DISPLAYS", "credit_colormap", "display_attributions",
-           "layer_labels", "row_normalised", "visualization_records"]
+           "layer_labels", "row_normalised", "spanned_labels", "spans_blocks",
+           "visualization_records"]
 
 #: The displays of credits the plots take (``display=``).
 DISPLAYS = ("credit", "row", "log-probability")
@@ -84,10 +85,56 @@ def layer_labels(layer_indices: Sequence[int], granularity: str = DEFAULT_GRANUL
     Index 0 (the embedding output) is always the first chosen layer: its credit
     ``f(h_0) - f(b)`` is the move from the baseline to the embedding, which no decoder
     block made; the label says so. Sub-layer columns (``granularity="sublayer"``) are
-    ``"L<l>.attn"`` and ``"L<l>.mlp"`` (:func:`~captum_iglens._utils.format.layer_names`).
+    ``"L<l>.attn"`` and ``"L<l>.mlp"`` (:func:`~captum_iglens._utils.format.layer_names`),
+    an attention column that also spans skipped blocks named with them
+    (:func:`spanned_labels`: ``"L1-24+L25.attn"``).
     """
-    return ["b→emb" if i == 0 else name
-            for i, name in zip(layer_indices, layer_names(layer_indices, granularity), strict=True)]
+    names = spanned_labels(layer_names(layer_indices, granularity))
+    return ["b→emb" if i == 0 else name for i, name in zip(layer_indices, names, strict=True)]
+
+
+def _block(name: str) -> Optional[int]:
+    """The block a node name ends at: 0 for ``emb``, ``l`` for ``L<l>.mlp``; else None."""
+    if name in ("emb", "b→emb"):
+        return 0
+    if name.startswith("L") and name.endswith(".mlp") and name[1:-4].isdigit():
+        return int(name[1:-4])
+    return None
+
+
+def spanned_labels(names: Sequence[str]) -> list[str]:
+    """Sub-layer node names with the blocks an attention segment spans written out.
+
+    With a subset of layers at sub-layer granularity, the segment ending at ``L<l>.attn``
+    starts at the previous chosen node, ``h_m`` (``L<m>.mlp`` or ``emb``): it holds the
+    whole blocks ``m+1 .. l-1`` as well as block ``l``'s attention. Its name then says so:
+    ``"L1-24+L25.attn"`` after ``emb`` with blocks 1 to 24 skipped, ``"L24+L25.attn"`` for
+    one skipped block. Other names (and the first segment, from the baseline) are kept.
+
+    Args:
+        names (sequence of str): Node names (``"emb"``, ``"L<l>.attn"``, ``"L<l>.mlp"``,
+            or block names ``"L<l>"``, which are kept).
+
+    Returns:
+        list[str]: the labels, one per name.
+    """
+    out = list(names)
+    for j in range(1, len(names)):
+        name, before = names[j], _block(names[j - 1])
+        if before is None or not (name.startswith("L") and name.endswith(".attn")):
+            continue
+        block = int(name[1:-5])
+        first, last = before + 1, block - 1
+        if last > first:
+            out[j] = f"L{first}-{last}+{name}"
+        elif last == first:
+            out[j] = f"L{first}+{name}"
+    return out
+
+
+def spans_blocks(labels: Sequence[str]) -> bool:
+    """Whether any of ``labels`` (:func:`spanned_labels`) spans skipped blocks."""
+    return any("+" in label for label in labels)
 
 
 def visualization_records(

@@ -47,6 +47,15 @@ _TITLE_PT = 9.0
 _CAPTION_PT = 7.5
 _MAX_FIG = 24.0  # inches, either side
 _GRID_CELL_IN = 0.55  # width of one top-1 column
+_COLUMN_IN = 0.32  # planned width of one heatmap column
+_MAP_MAX_IN = 5.5  # widest heatmap panel: 61 sub-layer columns keep the figure ~13 in
+_TICK_PT = 7.0  # layer labels
+_LABEL_PITCH_PT = 1.4 * _TICK_PT  # fewest points between two labelled columns
+
+
+def _map_in(k: int) -> float:
+    """The planned width of the heatmap's data area for ``k`` columns, inches."""
+    return min(_MAP_MAX_IN, max(1.5, _COLUMN_IN * k))
 
 
 def _plain(text: str) -> str:
@@ -109,7 +118,7 @@ def _sizes(
 ) -> tuple[tuple[float, float], list[float], float]:
     """Figure size, panel width ratios (the top-1 grid second, if shown) and row height (pt)."""
     n_tok, k = len(result.tokens), len(result.layer_indices)
-    widths = [1.6 + max(1.5, 0.32 * k) + 0.9, 5.0 + (0.9 if n_tok > min(max_legend, 10) else 0.0)]
+    widths = [1.6 + _map_in(k) + 0.9, 5.0 + (0.9 if n_tok > min(max_legend, 10) else 0.0)]
     grid = _GRID_CELL_IN * k + 0.4
     width = min(_MAX_FIG, max(9.0, sum(widths)))
     height = min(_MAX_FIG, max(4.5, 0.22 * n_tok + 3.4))
@@ -145,6 +154,7 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
     if result.layer_indices and result.layer_indices[0] == 0:
         text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
                  " f(h_0) - f(b), which no decoder block made.")
+    text += _span_note(result)
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
@@ -152,8 +162,37 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
                   multialignment="left")
 
 
+def _span_note(result: IGLensResult) -> str:
+    """The caption's words for a sub-layer column that spans skipped blocks, or ``""``."""
+    from captum_iglens._utils.display import layer_labels
+
+    spans = [label for label in layer_labels(result.layer_indices, result.granularity)
+             if "+" in label]
+    if not spans:
+        return ""
+    blocks, attn = spans[0].split("+")
+    return (f" {spans[0]}: the segment from the previous chosen layer to {attn}, blocks "
+            f"{blocks[1:]} whole (skipped layers) and {attn.split('.')[0]}'s attention.")
+
+
+def _layer_ticks(ax: Any, names: list[str], col_pt: float) -> int:
+    """A tick per column; labels at least :data:`_LABEL_PITCH_PT` apart, the last one kept.
+
+    Columns narrower than that (60 sub-layer columns) are labelled every ``n``-th from the
+    last (at sub-layer granularity every ``L<l>.mlp`` and ``b→emb``), the others keep an
+    unlabelled minor tick, so that the labels stay :data:`_TICK_PT` points and apart.
+    Returns the step (1: every column labelled).
+    """
+    k = len(names)
+    step = max(1, int(np.ceil(_LABEL_PITCH_PT / max(col_pt, 1e-9))))
+    shown = [j for j in range(k) if (k - 1 - j) % step == 0 or "+" in names[j]]
+    ax.set_xticks(shown, labels=[names[j] for j in shown], rotation=90, fontsize=_TICK_PT)
+    ax.set_xticks([j for j in range(k) if j not in shown], minor=True)
+    return step
+
+
 def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
-             label: str = "") -> None:
+             label: str = "", col_pt: float = 72.0 * _COLUMN_IN) -> None:
     """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
 
     The colours are Captum's (red negative, white 0, green positive), as in
@@ -174,8 +213,7 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
     )
     fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
-    names = layer_labels(result.layer_indices, result.granularity)
-    ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
+    step = _layer_ticks(ax, layer_labels(result.layer_indices, result.granularity), col_pt)
     emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
     if emb:
         ax.axvline(0.5, color="black", linewidth=1.2)
@@ -183,7 +221,11 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
     labels = [_token_label(result, t, ok)
               for t, ok in zip(range(n_tok), flags, strict=True)]
     ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
-    ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else ""))
+    thinned = ""
+    if step > 1:
+        thinned = ("; unlabelled ticks: each block's .attn" if result.granularity == "sublayer"
+                   and step == 2 else f"; every {step}th column labelled")
+    ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else "") + thinned)
     ax.set_ylabel("answer token")
     ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
     _onset_boxes(ax, result, row_pt)
@@ -195,7 +237,7 @@ def _onset_boxes(ax: Any, result: IGLensResult, row_pt: float) -> None:
     cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
              if o in result.layer_indices]
     if cells:
-        col_pt = 72.0 * max(1.5, 0.32 * k) / max(k, 1)
+        col_pt = 72.0 * _map_in(k) / max(k, 1)
         side = float(np.clip(0.75 * min(row_pt, col_pt), 3.0, 9.0))
         cols, rows = zip(*cells, strict=True)
         ax.scatter(cols, rows, marker="s", s=side**2, facecolors="none", edgecolors="black",
@@ -222,7 +264,10 @@ def _trajectory(
     for t in range(n_tok):
         ax.plot(x, probs[t], marker=".", linewidth=1.1, color=colours[t],
                 label=f"{t} {_label(result.tokens[t])}")
-    if len(x) <= 16:
+    if result.granularity == "sublayer":  # L.attn and L.mlp half a block apart: blocks
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("decoder block (L.attn at L - 0.5, L.mlp at L)")
+    elif len(x) <= 16:
         ax.set_xticks(x, labels=result.layer_names, fontsize=7)
         ax.set_xlabel("layer")
     else:
@@ -307,7 +352,8 @@ def plot_result(
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
     ax_map = fig.add_subplot(grid[0])
     ax_traj = fig.add_subplot(grid[-1])
-    _heatmap(fig, ax_map, result, attr, row_pt, label)
+    k = max(len(result.layer_indices), 1)
+    _heatmap(fig, ax_map, result, attr, row_pt, label, 72.0 * _map_in(k) / k)
     ax_grid = fig.add_subplot(grid[1], sharey=ax_map) if len(widths) == 3 else None
     _trajectory(fig, ax_traj, result, probs, max_legend)
     _title(fig, result)
@@ -347,8 +393,9 @@ def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = 
                                 min(_MAX_FIG, 1.3 + 0.14 * max(n_tok, 1)))
     fig = _new_figure((width, height))
     row_pt = 72.0 * max(height - 1.3, 0.14) / max(n_tok, 1)
+    col_pt = 72.0 * max(width - labels_in, 0.16) / max(k, 1)
     values, label = display_attributions(result, display)
-    _heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label)
+    _heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label, col_pt)
     return fig
 
 

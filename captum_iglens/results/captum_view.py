@@ -17,7 +17,7 @@ import torch
 from captum.attr import LLMAttributionResult
 from torch import Tensor
 
-from captum_iglens._utils.display import DISPLAYS, row_normalised
+from captum_iglens._utils.display import DISPLAYS, row_normalised, spanned_labels
 from captum_iglens.settings import DEFAULT_UNITS
 
 __all__ = ["IGLensLLMAttributionResult", "split_baseline_readout"]
@@ -48,7 +48,9 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
     baseline's readout set apart (see the module docstring), ``seq_attr`` its ``[k]`` sum
     over tokens, ``output_probs`` the model's probability of each token; Captum's
     ``plot_token_attr()`` / ``plot_seq_attr()`` draw them, with axis labels and units, and
-    ``display="row"`` scales each token's row to its own largest credit.
+    ``display="row"`` scales each token's row to its own largest credit. A sub-layer
+    attention column that also spans skipped blocks is drawn with them in its label
+    (``"L1-24+L25.attn"``; ``input_tokens`` keep the node names).
 
     Attributes:
         p_baseline (Tensor): ``[T]`` the readout at each path's start ``f(b)``.
@@ -111,7 +113,7 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         if display == "row" and attr is not None:
             attr = row_normalised(attr)
         seq = attr.sum(0) if attr is not None and display == "row" else self.seq_attr
-        return LLMAttributionResult(input_tokens=list(self.input_tokens),
+        return LLMAttributionResult(input_tokens=spanned_labels(self.input_tokens),
                                     output_tokens=list(self.output_tokens), seq_attr=seq,
                                     token_attr=attr, output_probs=self.output_probs)
 

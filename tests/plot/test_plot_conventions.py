@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from plot_synthetic import synthetic_result  # noqa: E402
 
-from captum_iglens.plot.credits import plot_heatmap, plot_result  # noqa: E402
+from captum_iglens.plot.credits import plot_heatmap  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +71,66 @@ def test_visualization_records_score_delta_p(units) -> None:
             # the trap: the Captum view's score repeated p(y|x), the record's pred_prob
             assert abs(rec.attr_score - rec.pred_prob) > 1e-3
             assert rec.pred_prob == pytest.approx(float(result.p_final[t]))
+
+
+def _map_axes(fig):
+    return next(ax for ax in fig.axes if ax.images)
+
+
+def test_sublayer_columns_that_span_skipped_blocks_say_so() -> None:
+    # layers [0, 25, 30] of 30 blocks at sub-layer granularity: nodes 0, 49, 50, 59, 60
+    result = synthetic_result(layer_indices=[0, 49, 50, 59, 60], granularity="sublayer")
+    assert result.layer_names == ["emb", "L25.attn", "L25.mlp", "L30.attn", "L30.mlp"]
+    honest = ["b→emb", "L1-24+L25.attn", "L25.mlp", "L26-29+L30.attn", "L30.mlp"]
+    fig = result.plot()
+    ax = _map_axes(fig)
+    # the trap: "L25.attn" for a column holding blocks 1-24 as well
+    assert [t.get_text() for t in ax.get_xticklabels()] == honest
+    caption = " ".join(fig.get_supxlabel().split())
+    assert ("L1-24+L25.attn: the segment from the previous chosen layer to L25.attn, blocks "
+            "1-24 whole (skipped layers) and L25's attention.") in caption
+    ax = _map_axes(plot_heatmap(result))
+    assert [t.get_text() for t in ax.get_xticklabels()] == honest
+    _, ax = result.to_captum().plot_token_attr()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", *honest[1:]]
+    _, ax = result.to_captum().plot_seq_attr()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["emb", *honest[1:]]
+    assert honest[1] in result.format_table()
+    # one block skipped; adjacent blocks and the baseline's first segment keep their names
+    one = synthetic_result(layer_indices=[47, 48, 51, 52, 53, 54], granularity="sublayer")
+    assert [t.get_text() for t in _map_axes(one.plot()).get_xticklabels()] == [
+        "L24.attn", "L24.mlp", "L25+L26.attn", "L26.mlp", "L27.attn", "L27.mlp"]
+    assert "L25+L26.attn: the segment from the previous chosen layer to L26.attn, blocks 25 " \
+        "whole" in " ".join(one.plot().get_supxlabel().split())
+
+
+def test_sublayer_heatmap_of_sixty_columns_is_legible_at_a_normal_width() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    result = synthetic_result(n_tok=6, layer_indices=list(range(61)), granularity="sublayer")
+    fig = result.plot()
+    width_in, _ = fig.get_size_inches()
+    # the trap: 24 in (2,880 px at the 120 dpi of the CLI) for 61 columns; shown 1,240 px
+    # wide, its 7 pt labels were ~5 px. Now <= 13 in: >= 9 px labels at that width.
+    assert width_in <= 13.0
+    ax = _map_axes(fig)
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    for text in labels:
+        assert text.get_fontsize() >= 7.0  # points
+        assert text.get_fontsize() / 72 * 1240 / width_in >= 9.0  # px at 1,240 px wide
+    names = [t.get_text() for t in labels]
+    assert names == ["b→emb", *[f"L{b}.mlp" for b in range(1, 31)]]  # each block once
+    assert len(ax.xaxis.get_minorticklocs()) == 30  # the .attn columns keep a tick
+    assert "unlabelled ticks: each block's .attn" in ax.get_xlabel()
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for left, right in zip(boxes[:-1], boxes[1:], strict=True):
+        assert left.x1 <= right.x0 + 0.5, (left, right)  # no two labels overlap
+    assert fig.bbox.width <= 13.0 * fig.dpi
+    # 30 blocks at block granularity: every column labelled, the figure as narrow
+    blocks = synthetic_result(n_tok=6, layer_indices=list(range(31)))
+    fig = blocks.plot()
+    assert fig.get_size_inches()[0] <= 13.0
+    assert len([t for t in _map_axes(fig).get_xticklabels() if t.get_text()]) == 31
