@@ -134,3 +134,54 @@ def test_sublayer_heatmap_of_sixty_columns_is_legible_at_a_normal_width() -> Non
     fig = blocks.plot()
     assert fig.get_size_inches()[0] <= 13.0
     assert len([t for t in _map_axes(fig).get_xticklabels() if t.get_text()]) == 31
+
+
+def test_top_k_labels_are_fitted_without_laying_out_whole_strings(monkeypatch) -> None:
+    """The 22 s top-K figure: ~15 whole-string layouts a label (TextToPath, ~3 ms each) and
+    a constrained layout per panel. Now: per-character widths, one layout, same fit."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    from matplotlib.textpath import TextToPath
+    from test_plot_traps import _long_top_k
+
+    from captum_iglens.plot import top_k
+    from captum_iglens.plot.top_k import fit_label, plot_top_k
+
+    calls = {"text_to_path": 0, "layout": 0}
+    measure, execute = TextToPath.get_text_width_height_descent, ConstrainedLayoutEngine.execute
+
+    def counted_measure(self, *args, **kwargs):
+        calls["text_to_path"] += 1
+        return measure(self, *args, **kwargs)
+
+    def counted_execute(self, fig):
+        calls["layout"] += 1
+        return execute(self, fig)
+
+    monkeypatch.setattr(TextToPath, "get_text_width_height_descent", counted_measure)
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", counted_execute)
+    fig = plot_top_k(_long_top_k(6, 30, 5))
+    assert calls == {"text_to_path": 0, "layout": 1}  # before: thousands, and 4 layouts
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 4 and all(len(ax.texts) == 150 for ax in panels)
+    # every label inside its cell as the renderer lays it out (the fit is not looser)
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in panels:
+        box = ax.get_window_extent(renderer)
+        width = box.width / 5
+        for text in ax.texts:
+            x, _ = text.get_position()
+            ext = text.get_window_extent(renderer)
+            assert box.x0 + x * width - 1 <= ext.x0 and ext.x1 <= box.x0 + (x + 1) * width + 1
+    # the per-character width is the renderer's to a few percent, and cut labels use the room
+    label = panels[0].texts[0]
+    drawn_pt = renderer.get_text_width_height_descent(
+        "'a-rather-long'", label.get_fontproperties(), ismath=False)[0] * 72.0 / fig.dpi
+    text_width_pt = top_k.text_width_pt
+    assert text_width_pt("'a-rather-long'", label.get_fontsize()) == pytest.approx(
+        drawn_pt, rel=0.05)
+    cut = fit_label("a-rather-long-token", 40.0, 8.0)
+    assert cut.endswith("…") and text_width_pt(cut, 8.0) <= 40.0
+    assert text_width_pt(fit_label("a-rather-long-token", 48.0, 8.0), 8.0) > 40.0
