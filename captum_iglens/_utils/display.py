@@ -25,8 +25,8 @@ from captum_iglens.settings import DEFAULT_GRANULARITY
 if TYPE_CHECKING:  # pragma: no cover
     from captum_iglens.results.explanation import IGLensResult
 
-__all__ = ["CREDIT_COLOURS", "DISPLAYS", "credit_colormap", "display_attributions",
-           "layer_labels", "row_normalised", "spanned_labels", "spans_blocks",
+__all__ = ["CREDIT_COLOURS", "DISPLAYS", "START_GREY", "credit_colormap", "display_attributions",
+           "layer_labels", "row_normalised", "spanned_labels", "spans_blocks", "start_apart",
            "visualization_records"]
 
 #: The displays of credits the plots take (``display=``).
@@ -36,6 +36,21 @@ _TINY = 1e-30  # a floor for log f of a level that rounds to 0
 #: "RdWhGn" map and ``visualize_text``'s hues): red for a negative credit, green for a
 #: positive one, white at 0.
 CREDIT_COLOURS = ("red", "white", "green")
+
+
+#: The colour of a cell drawn off the colour scale (the start column in log units).
+START_GREY = "0.82"
+
+
+def start_apart(units: str, display: str, k: int) -> bool:
+    """Whether the first of ``k`` columns is drawn as the start, off the colour scale.
+
+    True for log-probability values (``units="log-probability"`` or
+    ``display="log-probability"``) with more than one column: there the first column holds
+    the logit lens's level at the first chosen layer (less the baseline's), unbounded below
+    and at an early layer tens of nats below any later rise.
+    """
+    return k > 1 and (units == "log-probability" or display == "log-probability")
 
 
 def credit_colormap() -> Any:

@@ -11,8 +11,19 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from captum_iglens._utils.format import readout_words, total_symbol
+from captum_iglens._utils.format import total_symbol
 from captum_iglens.plot.completeness import plot_completeness
+from captum_iglens.plot.heatmap import (
+    _label,
+    _map_in,
+    _plain,
+    _span_note,
+    _token_pt,
+    _units,
+    draw_heatmap,
+    plot_heatmap,
+    start_note,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -47,20 +58,6 @@ _TITLE_PT = 9.0
 _CAPTION_PT = 7.5
 _MAX_FIG = 24.0  # inches, either side
 _GRID_CELL_IN = 0.55  # width of one top-1 column
-_COLUMN_IN = 0.32  # planned width of one heatmap column
-_MAP_MAX_IN = 5.5  # widest heatmap panel: 61 sub-layer columns keep the figure ~13 in
-_TICK_PT = 7.0  # layer labels
-_LABEL_PITCH_PT = 1.4 * _TICK_PT  # fewest points between two labelled columns
-
-
-def _map_in(k: int) -> float:
-    """The planned width of the heatmap's data area for ``k`` columns, inches."""
-    return min(_MAP_MAX_IN, max(1.5, _COLUMN_IN * k))
-
-
-def _plain(text: str) -> str:
-    """``text`` shown literally: newlines as ↵, no mathtext from ``$``."""
-    return text.replace("\r\n", "\n").replace("\n", " ↵ ").replace("\t", " ").replace("$", r"\$")
 
 
 def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[str]:
@@ -81,26 +78,6 @@ def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[s
         if widest <= width_pt or chars <= 10:
             return lines
         chars = max(10, int(chars * 0.9 * width_pt / widest))
-
-
-def _label(token: str, limit: int = 14) -> str:
-    """A token as a tick label: ``repr`` cut to ``limit`` characters."""
-    text = repr(token)
-    return _plain(text if len(text) <= limit else text[: limit - 1] + "…")
-
-
-def _units(result: IGLensResult) -> str:
-    return readout_words(result.units, result.contrastive)
-
-
-def _token_label(result: IGLensResult, t: int, ok: bool) -> str:
-    """Heatmap row label: index, token, ``*`` when not the argmax, and the foil if any."""
-    text = f"{t} {_label(result.tokens[t])}{'' if ok else '*'}"
-    if result.contrast_ids is None:
-        return text
-    foil = (result.contrast_tokens[t] if result.contrast_tokens is not None
-            else f"id {result.contrast_ids[t]}")
-    return f"{text} vs {_label(foil)}"
 
 
 def _onset_words(result: IGLensResult) -> str:
@@ -144,7 +121,7 @@ def _title(fig: Figure, result: IGLensResult) -> None:
     fig.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=_TITLE_PT, multialignment="left")
 
 
-def _caption(fig: Figure, result: IGLensResult) -> None:
+def _caption(fig: Figure, result: IGLensResult, display: str = "credit") -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
     text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
             f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
@@ -154,94 +131,12 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
     if result.layer_indices and result.layer_indices[0] == 0:
         text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
                  " f(h_0) - f(b), which no decoder block made.")
-    text += _span_note(result)
+    text += _span_note(result) + start_note(result, display)
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
     fig.supxlabel("\n".join(lines), x=0.01, ha="left", fontsize=_CAPTION_PT,
                   multialignment="left")
-
-
-def _span_note(result: IGLensResult) -> str:
-    """The caption's words for a sub-layer column that spans skipped blocks, or ``""``."""
-    from captum_iglens._utils.display import layer_labels
-
-    spans = [label for label in layer_labels(result.layer_indices, result.granularity)
-             if "+" in label]
-    if not spans:
-        return ""
-    blocks, attn = spans[0].split("+")
-    return (f" {spans[0]}: the segment from the previous chosen layer to {attn}, blocks "
-            f"{blocks[1:]} whole (skipped layers) and {attn.split('.')[0]}'s attention.")
-
-
-def _layer_ticks(ax: Any, names: list[str], col_pt: float) -> int:
-    """A tick per column; labels at least :data:`_LABEL_PITCH_PT` apart, the last one kept.
-
-    Columns narrower than that (60 sub-layer columns) are labelled every ``n``-th from the
-    last (at sub-layer granularity every ``L<l>.mlp`` and ``b→emb``), the others keep an
-    unlabelled minor tick, so that the labels stay :data:`_TICK_PT` points and apart.
-    Returns the step (1: every column labelled).
-    """
-    k = len(names)
-    step = max(1, int(np.ceil(_LABEL_PITCH_PT / max(col_pt, 1e-9))))
-    shown = [j for j in range(k) if (k - 1 - j) % step == 0 or "+" in names[j]]
-    ax.set_xticks(shown, labels=[names[j] for j in shown], rotation=90, fontsize=_TICK_PT)
-    ax.set_xticks([j for j in range(k) if j not in shown], minor=True)
-    return step
-
-
-def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
-             label: str = "", col_pt: float = 72.0 * _COLUMN_IN) -> None:
-    """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
-
-    The colours are Captum's (red negative, white 0, green positive), as in
-    ``result.to_captum().plot_token_attr()``.
-
-    With layer 0 first, its column is labelled ``b→emb`` and a line sets it apart: its
-    credit is the move from the baseline to ``h_0``, not a block's.
-    """
-    from matplotlib.colors import Normalize
-
-    from captum_iglens._utils.display import credit_colormap, layer_labels
-
-    n_tok, k = len(result.tokens), len(result.layer_indices)
-    limit = float(np.abs(attr).max()) if attr.size else 0.0
-    limit = limit if limit > 0 else 1e-12
-    image = ax.imshow(  # Captum's colours: red negative, green positive
-        attr if attr.size else np.zeros((1, k)), cmap=credit_colormap(),
-        norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
-    )
-    fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
-    step = _layer_ticks(ax, layer_labels(result.layer_indices, result.granularity), col_pt)
-    emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
-    if emb:
-        ax.axvline(0.5, color="black", linewidth=1.2)
-    flags = list(result.is_argmax) or [True] * n_tok
-    labels = [_token_label(result, t, ok)
-              for t, ok in zip(range(n_tok), flags, strict=True)]
-    ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
-    thinned = ""
-    if step > 1:
-        thinned = ("; unlabelled ticks: each block's .attn" if result.granularity == "sublayer"
-                   and step == 2 else f"; every {step}th column labelled")
-    ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else "") + thinned)
-    ax.set_ylabel("answer token")
-    ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
-    _onset_boxes(ax, result, row_pt)
-
-
-def _onset_boxes(ax: Any, result: IGLensResult, row_pt: float) -> None:
-    """A square around each token's onset cell."""
-    k = len(result.layer_indices)
-    cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
-             if o in result.layer_indices]
-    if cells:
-        col_pt = 72.0 * _map_in(k) / max(k, 1)
-        side = float(np.clip(0.75 * min(row_pt, col_pt), 3.0, 9.0))
-        cols, rows = zip(*cells, strict=True)
-        ax.scatter(cols, rows, marker="s", s=side**2, facecolors="none", edgecolors="black",
-                   linewidths=1.2)
 
 
 def _trajectory(
@@ -299,11 +194,6 @@ def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
                       else "logit-lens log-probability (nats)")
 
 
-def _token_pt(row_pt: float) -> float:
-    """Font size of token labels for rows ``row_pt`` points high."""
-    return float(np.clip(0.72 * row_pt, 3.0, 8.0))
-
-
 def plot_result(
     result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None,
     display: str = "credit",
@@ -353,49 +243,16 @@ def plot_result(
     ax_map = fig.add_subplot(grid[0])
     ax_traj = fig.add_subplot(grid[-1])
     k = max(len(result.layer_indices), 1)
-    _heatmap(fig, ax_map, result, attr, row_pt, label, 72.0 * _map_in(k) / k)
+    draw_heatmap(fig, ax_map, result, attr, row_pt, label, 72.0 * _map_in(k) / k,
+                 log_view=display == "log-probability")
     ax_grid = fig.add_subplot(grid[1], sharey=ax_map) if len(widths) == 3 else None
     _trajectory(fig, ax_traj, result, probs, max_legend)
     _title(fig, result)
-    _caption(fig, result)
+    _caption(fig, result, display)
     if ax_grid is not None:  # last: its labels are fitted to the laid-out cells
         from captum_iglens.plot.top_k import top1_grid
 
         top1_grid(fig, ax_grid, result, _token_pt(row_pt), _GRID_CELL_IN)
-    return fig
-
-
-def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = None,
-                 display: str = "credit") -> Figure:
-    """The token x layer heatmap of IG-Lens credit alone, compact.
-
-    The left panel of :func:`plot_result` (Captum's diverging colours centred at 0, every
-    answer token labelled with its index, ``*`` where it is not the argmax, the onsets boxed,
-    a colour bar in the result's units) without the trajectory, the title or the caption:
-    about 0.16 inch per layer and 0.14 inch per token (at most 24 x 24 inches), small enough
-    to embed one per record in a page (``iglens summarize --html``).
-
-    Args:
-        result (IGLensResult): What :func:`~captum_iglens.explain` returned.
-        figsize (tuple, optional): Figure size in inches. Default: from the number of
-            tokens and layers.
-        display (str, optional): ``"credit"``, ``"row"`` or ``"log-probability"``, as for
-            :func:`plot_result`.
-
-    Returns:
-        matplotlib.figure.Figure
-    """
-    from captum_iglens._utils.display import display_attributions
-
-    n_tok, k = len(result.tokens), len(result.layer_indices)
-    labels_in = 4.2 if result.contrastive else 3.2  # token labels and colour bar
-    width, height = figsize or (min(_MAX_FIG, labels_in + 0.16 * k),
-                                min(_MAX_FIG, 1.3 + 0.14 * max(n_tok, 1)))
-    fig = _new_figure((width, height))
-    row_pt = 72.0 * max(height - 1.3, 0.14) / max(n_tok, 1)
-    col_pt = 72.0 * max(width - labels_in, 0.16) / max(k, 1)
-    values, label = display_attributions(result, display)
-    _heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label, col_pt)
     return fig
 
 

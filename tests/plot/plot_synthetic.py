@@ -16,9 +16,11 @@ from captum_iglens.results import IGLensResult
 
 def synthetic_result(n_tok: int = 4, layer_indices: Optional[Sequence[int]] = None,
                      granularity: str = "block", units: str = "probability",
-                     seed: int = 0, low: float = 1e-20) -> IGLensResult:
+                     seed: int = 0, low: float = 1e-20,
+                     lens: Optional[torch.Tensor] = None) -> IGLensResult:
     """A result whose levels go from ``p_baseline`` (0.05..0.2) to ``low`` at the first layer,
-    then 0.2..1, halved at the second layer (a negative credit there).
+    then 0.2..1, halved at the second layer (a negative credit there); or the given ``lens``
+    levels ``[T, k]`` (probabilities, float64).
 
     With ``units="log-probability"`` the levels and credits are the logs (nats). Onsets sit
     at the last layer; no top-k tokens.
@@ -27,11 +29,12 @@ def synthetic_result(n_tok: int = 4, layer_indices: Optional[Sequence[int]] = No
     k = len(layers)
     gen = torch.Generator().manual_seed(seed)
     # levels: a tiny start at the first layer (the logit lens far from the output), then up
-    start = torch.full((n_tok, 1), low, dtype=torch.float64)
-    rest = 0.2 + 0.8 * torch.rand(n_tok, k - 1, generator=gen, dtype=torch.float64)
-    if k > 2:
-        rest[:, 1] = 0.5 * rest[:, 0]  # a dip: the second layer's credit is negative
-    lens = torch.cat([start, rest], -1)
+    if lens is None:
+        start = torch.full((n_tok, 1), low, dtype=torch.float64)
+        rest = 0.2 + 0.8 * torch.rand(n_tok, k - 1, generator=gen, dtype=torch.float64)
+        if k > 2:
+            rest[:, 1] = 0.5 * rest[:, 0]  # a dip: the second layer's credit is negative
+        lens = torch.cat([start, rest], -1)
     p_baseline = 0.05 + 0.15 * torch.rand(n_tok, generator=gen, dtype=torch.float64)
     levels = torch.cat([p_baseline[:, None], lens], -1)
     if units == "log-probability":

@@ -185,3 +185,79 @@ def test_top_k_labels_are_fitted_without_laying_out_whole_strings(monkeypatch) -
     cut = fit_label("a-rather-long-token", 40.0, 8.0)
     assert cut.endswith("…") and text_width_pt(cut, 8.0) <= 40.0
     assert text_width_pt(fit_label("a-rather-long-token", 48.0, 8.0), 8.0) > 40.0
+
+
+def _early_lens_result(units: str = "log-probability"):
+    """The logit lens's level at L1 is e-44 (as on SmolLM2); later layers move by <= 3 nats."""
+    import torch
+
+    rises = torch.tensor([[0.0, 1.5, -0.5, 2.0], [0.0, 0.5, 1.0, 3.0], [0.0, -1.0, 2.5, 1.0]],
+                         dtype=torch.float64)
+    lens = (-44.0 + rises.cumsum(-1)).exp()
+    return synthetic_result(n_tok=3, units=units, lens=lens)
+
+
+@pytest.mark.parametrize("how", ["log units", "log display"])
+def test_log_heatmap_draws_the_start_apart(how) -> None:
+    result = _early_lens_result("log-probability" if how == "log units" else "probability")
+    display = "log-probability" if how == "log display" else "credit"
+    for fig in (result.plot(display=display), plot_heatmap(result, display=display)):
+        ax = _map_axes(fig)
+        image = ax.images[0]
+        drawn = image.get_array()
+        values = np.asarray(drawn.data)
+        levels = np.concatenate([result.p_baseline.double().numpy()[:, None],
+                                 result.lens_probs.double().numpy()], 1)
+        levels = levels if result.units == "log-probability" else np.log(levels)
+        np.testing.assert_allclose(values, np.diff(levels, axis=1), rtol=1e-5, atol=1e-4)
+        assert values[:, 0].max() < -30 and np.abs(values[:, 1:]).max() <= 3.0 + 1e-4
+        # the trap: the start (-44 nats a cell) set the colour scale, the rises were white
+        assert image.norm.vmax == pytest.approx(float(np.abs(values[:, 1:]).max()))
+        assert image.norm.vmin == -image.norm.vmax
+        assert drawn.mask[:, 0].all() and not drawn.mask[:, 1:].any()  # grey, off the scale
+        grey = image.to_rgba(drawn)[:, 0]
+        assert np.allclose(grey[:, :3], grey[0, 0])  # one grey, not a credit colour
+        written = {round(t.get_position()[1]): t.get_text() for t in ax.texts
+                   if t.get_position()[0] == 0}
+        assert written == {t: f"{values[t, 0]:.1f}" for t in range(3)}
+        assert "first: the start" in ax.get_xlabel()
+    caption = " ".join(result.plot(display=display).get_supxlabel().split())
+    assert "Log units: the first column (L1) is the start" in caption
+    # probability credits keep one scale for every column
+    prob = _early_lens_result("probability")
+    image = _map_axes(prob.plot()).images[0]
+    assert not np.ma.getmaskarray(image.get_array()).any()
+
+
+def test_captum_view_in_log_units_draws_the_start_apart() -> None:
+    result = _early_lens_result()
+    view = result.to_captum()
+    start = view.token_attr[:, 0].numpy()
+    assert start.max() < -40  # log p at L1: a level
+    fig, ax = view.plot_token_attr()
+    image = ax.images[0]
+    rises = view.token_attr[:, 1:].numpy()
+    # the trap: Captum's scale was |log p at L1| (44 nats); the rises (<= 3 nats) were white
+    assert image.norm.vmax == pytest.approx(float(np.abs(rises).max()))
+    assert image.get_array().mask[:, 0].all()
+    cells = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text()
+             for t in ax.texts}
+    assert all(cells[(0, t)] == f"{start[t]:.4f}" for t in range(3))
+    assert all(cells[(1, t)] == f"{rises[t, 0]:.4f}" for t in range(3))
+    assert "first: the start, log p at L1" in ax.get_xlabel()
+    _, ax = view.plot_seq_attr()
+    heights = np.array([p.get_height() for p in ax.patches])
+    bars = heights[:4] + heights[4:]
+    assert bars[0] == 0.0  # not drawn (it was sum_t log p at L1: -132 nats here)
+    np.testing.assert_allclose(bars[1:], view.seq_attr[1:].numpy(), rtol=0, atol=0)
+    low, high = ax.get_ylim()
+    assert low > -10 and high < 10  # the axis is the rises'
+    note = next(t.get_text() for t in ax.texts if t.get_text().startswith("start"))
+    assert f"{float(view.token_attr[:, 0].double().sum()):.1f}" in note
+    # the numbers are unchanged: the rows still add up with baseline_attr
+    total = view.baseline_attr.double() + view.token_attr.double().sum(-1)
+    np.testing.assert_allclose(total.numpy(), view.delta_p.double().numpy(), atol=1e-4)
+    # probability units: the first column stays on the scale
+    prob = _early_lens_result("probability").to_captum()
+    _, ax = prob.plot_token_attr()
+    assert not np.ma.getmaskarray(ax.images[0].get_array()).any()
