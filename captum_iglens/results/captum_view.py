@@ -150,7 +150,7 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         """Captum's token x layer heatmap, labelled: layers, answer tokens, units.
 
         In log-probability units the first column holds the logit lens's log-probability at
-        the first chosen layer, a level (``-44`` nats a cell at SmolLM2's L1), not a
+        the first chosen layer, a level (down to ``-52.6`` nats a cell at SmolLM2's L1), not a
         layer's rise: it is drawn as the start, grey and off the colour scale, its value
         written in its cells; the colours (and ``display="row"``'s scale) are the rises'.
 
@@ -184,9 +184,10 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         """Captum's per-layer bars (credit summed over answer tokens), labelled.
 
         In log-probability units the first bar would be the sum of the lens's
-        log-probabilities at the first chosen layer (``-209.5`` nats for a 5-token answer
-        on SmolLM2 at L1), a level, not a rise: it is not drawn, its value is written in
-        its place ("start"), and the axis is scaled to the rises.
+        log-probabilities at the first chosen layer (``-163.2`` nats on SmolLM2 at L1 for
+        "My favourite fruits are" -> " apples, pears, and bananas."; the largest rise is
+        ``+43``), a level, not a rise: it is not drawn, its value is written in its place
+        ("start"), and the axis is scaled to the rises.
 
         Args:
             show (bool, optional): Show with pyplot and return None. Default: False.
