@@ -82,6 +82,10 @@ def display_attributions(result: IGLensResult, display: str) -> tuple[Tensor, st
     if display == "credit":
         return attr, ""
     if display == "row":
+        if start_apart(result.units, display, attr.shape[-1]):  # scaled by the rises alone
+            scale = attr[:, 1:].abs().amax(-1, keepdim=True)
+            shown = torch.where(scale > 0, attr / scale.clamp_min(1e-300), torch.zeros_like(attr))
+            return shown, "credit / the token's largest |rise| (first: the start)"
         return row_normalised(attr), "credit / the token's largest |credit|"
     if display != "log-probability":
         raise ValueError(f"display={display!r}: use one of {DISPLAYS}.")

@@ -261,3 +261,14 @@ def test_captum_view_in_log_units_draws_the_start_apart() -> None:
     prob = _early_lens_result("probability").to_captum()
     _, ax = prob.plot_token_attr()
     assert not np.ma.getmaskarray(ax.images[0].get_array()).any()
+
+
+def test_row_display_in_log_units_scales_each_row_by_its_rises() -> None:
+    result = _early_lens_result()
+    image = _map_axes(result.plot(display="row")).images[0]
+    values = np.asarray(image.get_array().data)
+    rises = result.attributions[:, 1:].abs().amax(-1).numpy()
+    np.testing.assert_allclose(np.abs(values[:, 1:]).max(1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(values[:, 0], result.attributions[:, 0].numpy() / rises,
+                               rtol=1e-6)
+    assert image.get_array().mask[:, 0].all() and image.norm.vmax == pytest.approx(1.0)
