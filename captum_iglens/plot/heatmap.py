@@ -10,9 +10,9 @@ positive). Two columns can hold more than one decoder block's doing, and say so:
   ``display="log-probability"``), the first column: the move from the baseline's level to
   the logit lens's level at the first chosen layer. Unlike a probability, a log-probability
   is unbounded below, and the lens's level at an early layer can be tens of nats below
-  anything a later layer moves (down to -52.6 nats a cell on SmolLM2 at L1), so on a shared colour
-  scale it would look decisive. It is drawn as the start: grey, off the colour scale, its
-  value written in each cell; the colours show the rises of the later columns.
+  anything a later layer moves (down to -52.6 nats a cell on SmolLM2 at L1), so on a
+  shared colour scale it would look decisive. It is drawn as the start: grey, off the
+  colour scale, its value written in each cell; the colours show the later columns' rises.
 """
 
 from __future__ import annotations
