@@ -86,6 +86,11 @@ def test_sublayer_columns_that_span_skipped_blocks_say_so() -> None:
     ax = _map_axes(fig)
     # the trap: "L25.attn" for a column holding blocks 1-24 as well
     assert [t.get_text() for t in ax.get_xticklabels()] == honest
+    # the trajectory is drawn over blocks (L25.attn at 24.5 and L25.mlp at 25 had
+    # overlapping name labels)
+    traj = next(a for a in fig.axes if a.get_lines() and not a.images)
+    assert traj.get_xlabel() == "decoder block (L.attn at L - 0.5, L.mlp at L)"
+    np.testing.assert_array_equal(traj.get_lines()[0].get_xdata(), [0, 24.5, 25, 29.5, 30])
     caption = " ".join(fig.get_supxlabel().split())
     assert ("L1-24+L25.attn: the segment from the previous chosen layer to L25.attn, blocks "
             "1-24 whole (skipped layers) and L25's attention.") in caption
