@@ -89,7 +89,10 @@ def test_result_plot(result, tmp_path) -> None:
     np.testing.assert_array_equal(image.get_array(), result.attributions.numpy())
     vmax = float(result.attributions.abs().max())
     assert image.norm.vmin == -vmax and image.norm.vmax == vmax
-    assert image.get_cmap().name == "RdBu_r"
+    # Captum's colours (plot_token_attr's red-white-green): green positive, red negative
+    captum_map = LLMAttributionResult._get_plot_color_map(None)
+    np.testing.assert_allclose(image.get_cmap()(1.0), captum_map(1.0))
+    np.testing.assert_allclose(image.get_cmap()(0.0), captum_map(0.0))
     # one onset marker per token at (onset column, token row)
     markers = np.concatenate([c.get_offsets() for c in ax_map.collections])
     cols = [result.layer_indices.index(o) for o in result.onset_layers]

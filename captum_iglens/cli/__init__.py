@@ -52,6 +52,14 @@ command name needs the command: 'iglens {DEFAULT_COMMAND} compare these two'.
 
 """
 
+#: What an interrupted command leaves (after "iglens: interrupted"): ``run`` resumes, the
+#: others write their outputs at the end and start over.
+_RESUME = {
+    "run": ": the records already in the results file are kept; re-run the same command to "
+           "resume",
+}
+_NO_RESUME = ": this command does not resume; re-run it to start over"
+
 _TOP_LEVEL = ("-h", "--help", "--version")
 _NEAR_MISS_CUTOFF = 0.8
 _WIDTH = 88
@@ -185,6 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Exception: a runtime error, only when the environment sets ``IGLENS_DEBUG``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = ""
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
         try:
@@ -192,13 +201,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args = parse_args(argv)
             except SystemExit as done:  # --help, --version
                 return done.code if isinstance(done.code, int) else 0
+            command = args.command
             with progress_bars(not getattr(args, "no_progress", False)):
-                return COMMANDS[args.command].run(args)
+                return COMMANDS[command].run(args)
         except UsageError as err:
             print(f"iglens: error: {err}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt:
-            print("iglens: interrupted", file=sys.stderr)
+            print(f"iglens: interrupted{_RESUME.get(command, _NO_RESUME)}", file=sys.stderr)
             return EXIT_INTERRUPTED
         except BrokenPipeError:  # `iglens ... | head`: the reader left, which is fine
             _silence_stdout()

@@ -35,19 +35,21 @@ EXIT_INTERRUPTED = 130
 _HELP_WIDTH = 88
 
 
-def exit_status_help(runtime: str, usage: str, success: str = "success") -> str:
+def exit_status_help(runtime: str, usage: str, success: str = "success",
+                     interrupted: str = "interrupted (Ctrl-C)") -> str:
     """The ``exit status:`` block of a command's ``--help``: what each status means there.
 
     Args:
         runtime (str): When the command exits 1.
         usage (str): When it exits 2.
         success (str, optional): When it exits 0. Default: ``"success"``.
+        interrupted (str, optional): When it exits 130. Default: ``"interrupted (Ctrl-C)"``.
 
     Returns:
         str: the block, one status per entry, wrapped to the help's width.
     """
     rows = [(0, success), (EXIT_RUNTIME, runtime), (EXIT_USAGE, usage),
-            (EXIT_INTERRUPTED, "interrupted (Ctrl-C)")]
+            (EXIT_INTERRUPTED, interrupted)]
     lines = ["exit status:"]
     for code, text in rows:
         first, *rest = textwrap.wrap(text, _HELP_WIDTH - 7)

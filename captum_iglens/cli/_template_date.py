@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from datetime import datetime
 from typing import Any
 
@@ -71,7 +72,8 @@ def warn_unused_template_date(args: argparse.Namespace, tokenizer: Any) -> None:
 
     The pin reaches a template through its ``date_string`` variable or its ``strftime_now``
     clock (:func:`~captum_iglens.text.prompts.pinned_clock`); a template with neither writes no
-    date.
+    date. The library's own warning of the same fact (``render_prompt``: "date_string=...
+    has no effect") is then silenced for the rest of the command, so that it is said once.
 
     Args:
         args (Namespace): The checked arguments (``template_date`` may be absent).
@@ -90,3 +92,7 @@ def warn_unused_template_date(args: argparse.Namespace, tokenizer: Any) -> None:
         why = "this model's chat template writes no date"
     print(f"iglens: warning: --template-date {args.template_date!r} has no effect: {why}",
           file=sys.stderr)
+    # said once: not again by render_prompt for every prompt (the router's catch_warnings
+    # scopes this filter to the command)
+    warnings.filterwarnings("ignore", message=r"date_string=.* has no effect",
+                            category=UserWarning)

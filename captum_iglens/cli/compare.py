@@ -28,6 +28,8 @@ from captum_iglens.cli._common import (
 __all__ = ["DEFAULT_K", "DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
 DEFAULT_K = 6
+#: Where the explained token came from with --token-index: the greedy answer's own token.
+GREEDY_SOURCE = "greedy answer token"
 HELP = "compare IG-Lens with Captum's LayerIntegratedGradients and LayerConductance"
 DESCRIPTION = (
     "Explain one answer token with IG-Lens, Captum's LayerIntegratedGradients and "
@@ -112,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         lens_baseline=args.lens_baseline, gradient_method=args.gradient_method or "gausslegendre",
         internal_batch_size=args.internal_batch_size, tokenizer=tokenizer,
     )
+    if target is not None:  # the token the model generated greedily, not one the user gave
+        report.target_source = GREEDY_SOURCE
     print(f"prompt: {opts.echo(prompt)}")
     print(opts.template_note(used))
     print(f"explaining: {opts.echo(what)}")

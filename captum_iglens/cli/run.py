@@ -46,6 +46,8 @@ EXIT_STATUS = exit_status_help(
     "cannot be written, is no results file, holds another run's settings or is being written "
     "by another process); found before the model is loaded, except --layers / --k beyond the "
     "blocks of a .gguf file's model and an output written by another model's weights",
+    interrupted="interrupted (Ctrl-C); the records already written are kept: re-run the same "
+    "command to resume",
 )
 
 

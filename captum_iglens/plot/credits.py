@@ -11,8 +11,19 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from captum_iglens._utils.format import readout_words, total_symbol
+from captum_iglens._utils.format import total_symbol
 from captum_iglens.plot.completeness import plot_completeness
+from captum_iglens.plot.heatmap import (
+    _label,
+    _map_in,
+    _plain,
+    _span_note,
+    _token_pt,
+    _units,
+    draw_heatmap,
+    plot_heatmap,
+    start_note,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -49,11 +60,6 @@ _MAX_FIG = 24.0  # inches, either side
 _GRID_CELL_IN = 0.55  # width of one top-1 column
 
 
-def _plain(text: str) -> str:
-    """``text`` shown literally: newlines as ↵, no mathtext from ``$``."""
-    return text.replace("\r\n", "\n").replace("\n", " ↵ ").replace("\t", " ").replace("$", r"\$")
-
-
 def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[str]:
     """Wrap ``text`` into at most ``max_lines`` lines no wider than ``width_pt`` points.
 
@@ -74,26 +80,6 @@ def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[s
         chars = max(10, int(chars * 0.9 * width_pt / widest))
 
 
-def _label(token: str, limit: int = 14) -> str:
-    """A token as a tick label: ``repr`` cut to ``limit`` characters."""
-    text = repr(token)
-    return _plain(text if len(text) <= limit else text[: limit - 1] + "…")
-
-
-def _units(result: IGLensResult) -> str:
-    return readout_words(result.units, result.contrastive)
-
-
-def _token_label(result: IGLensResult, t: int, ok: bool) -> str:
-    """Heatmap row label: index, token, ``*`` when not the argmax, and the foil if any."""
-    text = f"{t} {_label(result.tokens[t])}{'' if ok else '*'}"
-    if result.contrast_ids is None:
-        return text
-    foil = (result.contrast_tokens[t] if result.contrast_tokens is not None
-            else f"id {result.contrast_ids[t]}")
-    return f"{text} vs {_label(foil)}"
-
-
 def _onset_words(result: IGLensResult) -> str:
     """The onset rule of ``result`` in words."""
     frac, total = f"{result.onset_frac:g}", total_symbol(result.units, result.contrastive)
@@ -109,7 +95,7 @@ def _sizes(
 ) -> tuple[tuple[float, float], list[float], float]:
     """Figure size, panel width ratios (the top-1 grid second, if shown) and row height (pt)."""
     n_tok, k = len(result.tokens), len(result.layer_indices)
-    widths = [1.6 + max(1.5, 0.32 * k) + 0.9, 5.0 + (0.9 if n_tok > min(max_legend, 10) else 0.0)]
+    widths = [1.6 + _map_in(k) + 0.9, 5.0 + (0.9 if n_tok > min(max_legend, 10) else 0.0)]
     grid = _GRID_CELL_IN * k + 0.4
     width = min(_MAX_FIG, max(9.0, sum(widths)))
     height = min(_MAX_FIG, max(4.5, 0.22 * n_tok + 3.4))
@@ -135,7 +121,7 @@ def _title(fig: Figure, result: IGLensResult) -> None:
     fig.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=_TITLE_PT, multialignment="left")
 
 
-def _caption(fig: Figure, result: IGLensResult) -> None:
+def _caption(fig: Figure, result: IGLensResult, display: str = "credit") -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
     text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
             f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
@@ -145,58 +131,12 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
     if result.layer_indices and result.layer_indices[0] == 0:
         text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
                  " f(h_0) - f(b), which no decoder block made.")
+    text += _span_note(result) + start_note(result, display)
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
     fig.supxlabel("\n".join(lines), x=0.01, ha="left", fontsize=_CAPTION_PT,
                   multialignment="left")
-
-
-def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
-             label: str = "") -> None:
-    """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
-
-    With layer 0 first, its column is labelled ``b→emb`` and a line sets it apart: its
-    credit is the move from the baseline to ``h_0``, not a block's.
-    """
-    from matplotlib.colors import Normalize
-
-    from captum_iglens._utils.display import layer_labels
-
-    n_tok, k = len(result.tokens), len(result.layer_indices)
-    limit = float(np.abs(attr).max()) if attr.size else 0.0
-    limit = limit if limit > 0 else 1e-12
-    image = ax.imshow(
-        attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
-        norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
-    )
-    fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
-    names = layer_labels(result.layer_indices, result.granularity)
-    ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
-    emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
-    if emb:
-        ax.axvline(0.5, color="black", linewidth=1.2)
-    flags = list(result.is_argmax) or [True] * n_tok
-    labels = [_token_label(result, t, ok)
-              for t, ok in zip(range(n_tok), flags, strict=True)]
-    ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
-    ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else ""))
-    ax.set_ylabel("answer token")
-    ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
-    _onset_boxes(ax, result, row_pt)
-
-
-def _onset_boxes(ax: Any, result: IGLensResult, row_pt: float) -> None:
-    """A square around each token's onset cell."""
-    k = len(result.layer_indices)
-    cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
-             if o in result.layer_indices]
-    if cells:
-        col_pt = 72.0 * max(1.5, 0.32 * k) / max(k, 1)
-        side = float(np.clip(0.75 * min(row_pt, col_pt), 3.0, 9.0))
-        cols, rows = zip(*cells, strict=True)
-        ax.scatter(cols, rows, marker="s", s=side**2, facecolors="none", edgecolors="black",
-                   linewidths=1.2)
 
 
 def _trajectory(
@@ -219,7 +159,10 @@ def _trajectory(
     for t in range(n_tok):
         ax.plot(x, probs[t], marker=".", linewidth=1.1, color=colours[t],
                 label=f"{t} {_label(result.tokens[t])}")
-    if len(x) <= 16:
+    if result.granularity == "sublayer":  # L.attn and L.mlp half a block apart: blocks
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_xlabel("decoder block (L.attn at L - 0.5, L.mlp at L)")
+    elif len(x) <= 16:
         ax.set_xticks(x, labels=result.layer_names, fontsize=7)
         ax.set_xlabel("layer")
     else:
@@ -251,11 +194,6 @@ def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
                       else "logit-lens log-probability (nats)")
 
 
-def _token_pt(row_pt: float) -> float:
-    """Font size of token labels for rows ``row_pt`` points high."""
-    return float(np.clip(0.72 * row_pt, 3.0, 8.0))
-
-
 def plot_result(
     result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None,
     display: str = "credit",
@@ -264,8 +202,10 @@ def plot_result(
 
     Title: the prompt (cut with an ellipsis) and the answer, wrapped to the figure width,
     marked when generation was truncated. Left: the ``[T, k]`` credits with a diverging
-    colour map centred at 0 (symmetric limits), every answer token labelled with its index
-    (``*``: not the argmax of the explained forward), the onset layer of each token boxed.
+    colour map centred at 0 (symmetric limits; Captum's colours, red negative, green
+    positive, as ``result.to_captum().plot_token_attr()`` draws them), every answer token
+    labelled with its index (``*``: not the argmax of the explained forward), the onset
+    layer of each token boxed.
     Middle, when ``result.top_k_tokens`` is set and the grid stays readable (up to about
     16 layers): the logit lens's top-1 token per token and layer. Right: the
     logit-lens readout of each answer token over the chosen layers, coloured by token
@@ -302,48 +242,17 @@ def plot_result(
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
     ax_map = fig.add_subplot(grid[0])
     ax_traj = fig.add_subplot(grid[-1])
-    _heatmap(fig, ax_map, result, attr, row_pt, label)
+    k = max(len(result.layer_indices), 1)
+    draw_heatmap(fig, ax_map, result, attr, row_pt, label, 72.0 * _map_in(k) / k,
+                 log_view=display == "log-probability")
     ax_grid = fig.add_subplot(grid[1], sharey=ax_map) if len(widths) == 3 else None
     _trajectory(fig, ax_traj, result, probs, max_legend)
     _title(fig, result)
-    _caption(fig, result)
+    _caption(fig, result, display)
     if ax_grid is not None:  # last: its labels are fitted to the laid-out cells
         from captum_iglens.plot.top_k import top1_grid
 
         top1_grid(fig, ax_grid, result, _token_pt(row_pt), _GRID_CELL_IN)
-    return fig
-
-
-def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = None,
-                 display: str = "credit") -> Figure:
-    """The token x layer heatmap of IG-Lens credit alone, compact.
-
-    The left panel of :func:`plot_result` (diverging colours centred at 0, every answer
-    token labelled with its index, ``*`` where it is not the argmax, the onset layers boxed,
-    a colour bar in the result's units) without the trajectory, the title or the caption:
-    about 0.16 inch per layer and 0.14 inch per token (at most 24 x 24 inches), small enough
-    to embed one per record in a page (``iglens summarize --html``).
-
-    Args:
-        result (IGLensResult): What :func:`~captum_iglens.explain` returned.
-        figsize (tuple, optional): Figure size in inches. Default: from the number of
-            tokens and layers.
-        display (str, optional): ``"credit"``, ``"row"`` or ``"log-probability"``, as for
-            :func:`plot_result`.
-
-    Returns:
-        matplotlib.figure.Figure
-    """
-    from captum_iglens._utils.display import display_attributions
-
-    n_tok, k = len(result.tokens), len(result.layer_indices)
-    labels_in = 4.2 if result.contrastive else 3.2  # token labels and colour bar
-    width, height = figsize or (min(_MAX_FIG, labels_in + 0.16 * k),
-                                min(_MAX_FIG, 1.3 + 0.14 * max(n_tok, 1)))
-    fig = _new_figure((width, height))
-    row_pt = 72.0 * max(height - 1.3, 0.14) / max(n_tok, 1)
-    values, label = display_attributions(result, display)
-    _heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label)
     return fig
 
 

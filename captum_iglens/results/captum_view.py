@@ -17,7 +17,13 @@ import torch
 from captum.attr import LLMAttributionResult
 from torch import Tensor
 
-from captum_iglens._utils.display import DISPLAYS, row_normalised
+from captum_iglens._utils.display import (
+    DISPLAYS,
+    START_GREY,
+    row_normalised,
+    spanned_labels,
+    start_apart,
+)
 from captum_iglens.settings import DEFAULT_UNITS
 
 __all__ = ["IGLensLLMAttributionResult", "split_baseline_readout"]
@@ -48,7 +54,9 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
     baseline's readout set apart (see the module docstring), ``seq_attr`` its ``[k]`` sum
     over tokens, ``output_probs`` the model's probability of each token; Captum's
     ``plot_token_attr()`` / ``plot_seq_attr()`` draw them, with axis labels and units, and
-    ``display="row"`` scales each token's row to its own largest credit.
+    ``display="row"`` scales each token's row to its own largest credit. A sub-layer
+    attention column that also spans skipped blocks is drawn with them in its label
+    (``"L1-24+L25.attn"``; ``input_tokens`` keep the node names).
 
     Attributes:
         p_baseline (Tensor): ``[T]`` the readout at each path's start ``f(b)``.
@@ -103,15 +111,28 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         """``[T]`` ``output_probs - p_baseline``: ``baseline_attr`` + each row adds up to it."""
         return None if self.output_probs is None else self.output_probs - self.p_baseline
 
+    def _apart(self) -> bool:
+        """Whether the first column is drawn as the start (log units; module docstring)."""
+        k = 0 if self.token_attr is None else self.token_attr.shape[-1]
+        return start_apart(self.units, "credit", k)
+
     def _view(self, display: str) -> LLMAttributionResult:
-        """A plain Captum result holding what is drawn (credits, or rows scaled to 1)."""
+        """A plain Captum result holding what is drawn (credits, or rows scaled to 1).
+
+        In log units the start column is drawn as zeros (it is filled in afterwards, off
+        the colour scale), so that Captum's scale and a row's largest value are the rises'.
+        """
         if display not in ("credit", "row"):
             raise ValueError(f"display={display!r}: use 'credit' or 'row' (of {DISPLAYS}).")
-        attr = self.token_attr
+        attr, seq = self.token_attr, self.seq_attr
+        if attr is not None and self._apart():
+            attr = attr.clone()
+            attr[:, 0] = 0.0
+            seq = attr.sum(0)
         if display == "row" and attr is not None:
             attr = row_normalised(attr)
-        seq = attr.sum(0) if attr is not None and display == "row" else self.seq_attr
-        return LLMAttributionResult(input_tokens=list(self.input_tokens),
+            seq = attr.sum(0)
+        return LLMAttributionResult(input_tokens=spanned_labels(self.input_tokens),
                                     output_tokens=list(self.output_tokens), seq_attr=seq,
                                     token_attr=attr, output_probs=self.output_probs)
 
@@ -120,9 +141,18 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
             return "credit / the row's largest |credit|"
         return "nats" if self.units == "log-probability" else "probability"
 
+    def _start_words(self) -> str:
+        first = spanned_labels(self.input_tokens)[0]
+        return f"first: the start, log p at {first}, grey, off the colour scale"
+
     def plot_token_attr(self, show: bool = False, display: str = "credit"
                         ) -> Union[None, tuple[Any, Any]]:
         """Captum's token x layer heatmap, labelled: layers, answer tokens, units.
+
+        In log-probability units the first column holds the logit lens's log-probability at
+        the first chosen layer, a level (down to ``-52.6`` nats a cell at SmolLM2's L1), not a
+        layer's rise: it is drawn as the start, grey and off the colour scale, its value
+        written in its cells; the colours (and ``display="row"``'s scale) are the rises'.
 
         Args:
             show (bool, optional): Show with pyplot and return None. Default: False.
@@ -137,7 +167,11 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
             ValueError: an unknown ``display``.
         """
         fig, ax = LLMAttributionResult.plot_token_attr(self._view(display), show=False)
-        ax.set_xlabel("layer (the baseline's readout -f(b) is kept out; see baseline_attr)")
+        words = "the baseline's readout -f(b) is kept out; see baseline_attr"
+        if self._apart():
+            words = f"{self._start_words()}; -f(b): baseline_attr"
+            _draw_start_column(ax, self.token_attr[:, 0])
+        ax.set_xlabel(f"layer ({words})")
         ax.xaxis.set_label_position("top")
         ax.set_ylabel("answer token")
         colour_bar = next(a for a in fig.axes if a is not ax)
@@ -149,6 +183,12 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
                       ) -> Union[None, tuple[Any, Any]]:
         """Captum's per-layer bars (credit summed over answer tokens), labelled.
 
+        In log-probability units the first bar would be the sum of the lens's
+        log-probabilities at the first chosen layer (``-163.2`` nats on SmolLM2 at L1 for
+        "My favourite fruits are" -> " apples, pears, and bananas."; the largest rise is
+        ``+43``), a level, not a rise: it is not drawn, its value is written in its place
+        ("start"), and the axis is scaled to the rises.
+
         Args:
             show (bool, optional): Show with pyplot and return None. Default: False.
             display (str, optional): ``"credit"`` (default) or ``"row"`` (rows scaled to
@@ -159,6 +199,12 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         """
         fig, ax = LLMAttributionResult.plot_seq_attr(self._view(display), show=False)
         ax.set_xlabel("layer")
+        if self._apart():
+            start = float(self.token_attr[:, 0].double().sum())
+            ax.text(0, 0, f"start\n{start:.1f}\n(not drawn)", ha="center", va="bottom",
+                    fontsize=8, color="0.3")
+            first = spanned_labels(self.input_tokens)[0]
+            ax.set_xlabel(f"layer (first: the start, the sum of log p at {first}, not drawn)")
         ax.xaxis.set_label_position("top")
         ax.set_ylabel(f"IG-Lens credit, summed over answer tokens ({self._unit_words(display)})")
         return _shown(fig, ax, show)
@@ -166,6 +212,8 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
     def to_visualization_records(self, normalize: bool = True) -> list[Any]:
         """One ``captum.attr.visualization.VisualizationDataRecord`` per answer token.
 
+        Each record's score is the token's ``delta_p`` (``baseline_attr`` plus its row), not
+        the row alone (that is ``output_probs``, shown already as the record's probability).
         See :func:`~captum_iglens._utils.display.visualization_records`; feed them to
         ``captum.attr.visualization.visualize_text``.
         """
@@ -174,7 +222,24 @@ class IGLensLLMAttributionResult(LLMAttributionResult):
         attr = self.token_attr if self.token_attr is not None else torch.zeros(0, 0)
         return visualization_records(
             attr, list(self.input_tokens), list(self.output_tokens), self.output_probs,
-            self.convergence_delta, normalize)
+            self.convergence_delta, normalize, baseline_attr=self.baseline_attr)
+
+
+def _draw_start_column(ax: Any, start: Tensor) -> None:
+    """Column 0 of Captum's heatmap as the start: grey (masked), its values written."""
+    import numpy as np
+
+    image = ax.images[0]
+    data = np.ma.masked_array(np.asarray(image.get_array()), mask=False)
+    data.mask = np.zeros(data.shape, dtype=bool)
+    data.mask[:, 0] = True
+    image.set_data(data)
+    image.set_cmap(image.get_cmap().with_extremes(bad=START_GREY))
+    for text in ax.texts:  # Captum wrote "0.0000" in the zeroed cells
+        x, y = text.get_position()
+        if x == 0:
+            text.set_text(f"{float(start[int(y)]):.4f}")  # as Captum writes a cell
+            text.set_color("black")
 
 
 def _shown(fig: Any, ax: Any, show: bool) -> Union[None, tuple[Any, Any]]:

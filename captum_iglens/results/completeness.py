@@ -101,7 +101,8 @@ class CompletenessReport:
         methods (dict[str, MethodCompleteness]): Per method, in run order.
         model_name (str): The model's name.
         target_source (str): ``"model argmax"`` when ``target=None`` let the model choose,
-            ``"given"`` otherwise.
+            ``"given"`` otherwise (``iglens compare`` says ``"greedy answer token"`` for the
+            token of the answer it generated greedily).
         row (int): The row of the batch this report explains (0 for one sequence).
         rtol, atol (float, optional): The completeness tolerance of :attr:`passed` and
             :meth:`assert_complete`; both ``None`` (default): the bound derived from float

@@ -15,21 +15,31 @@ def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]
 
 
+#: Median lines of the box plots: black on every box face (matplotlib's default median
+#: colour is C1, the face colour of the second view).
+MEDIAN_COLOUR = "black"
+
+
 def _boxes(ax: Any, metrics: dict, views: list[str]) -> None:
-    """Per-token Spearman rho of every predictor, one box colour per view."""
+    """Per-token Spearman rho of every predictor, one box colour per view.
+
+    Medians are black lines on every face; the legend sits above the axes, off the whiskers.
+    """
     width = 0.8 / max(len(views), 1)
     for j, view in enumerate(views):
         data = [_finite(metrics[view][p]["spearman"]) for p in PREDICTORS]
         where = np.arange(len(PREDICTORS)) + (j - (len(views) - 1) / 2) * width
         box = ax.boxplot(data, positions=where, widths=width * 0.9, patch_artist=True,
-                         showfliers=False)
+                         showfliers=False,
+                         medianprops={"color": MEDIAN_COLOUR, "linewidth": 1.5})
         for patch in box["boxes"]:
             patch.set_facecolor(f"C{j}")
         ax.plot([], [], color=f"C{j}", lw=6, label=view)
     ax.axhline(0, color="0.5", lw=0.8)
     ax.set_xticks(range(len(PREDICTORS)), PREDICTORS, rotation=30, ha="right")
     ax.set_ylabel("Spearman rho(predictor, drop) per token")
-    ax.legend(loc="lower left", fontsize=7)
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.01), borderaxespad=0.0, fontsize=7,
+              ncol=min(len(views), 3), title="black line: median", title_fontsize=7)
 
 
 def plot_validation(result: Any, path: Optional[str] = None) -> Any:

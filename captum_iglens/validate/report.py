@@ -159,16 +159,21 @@ class ValidationResult:
     def format_table(self) -> str:
         """The verdict, then every table, as text (lines of at most 100 characters)."""
         s = self.settings
+        resample = "resample" in self.kinds  # donors mean nothing to the other kinds
         lines = [f"IG-Lens credit vs causal interventions on {s.get('model')}, "
                  f"{len(self.layer_indices)} blocks.",
-                 f"This run: {s['n_boot']} bootstrap resamples, seed {s['seed']}, "
-                 f"{s['donors']} resample donors.", self.format_verdict(), "", *LEGEND]
+                 f"This run: {s['n_boot']} bootstrap resamples, seed {s['seed']}"
+                 + (f", {s['donors']} resample donors." if resample else "."),
+                 self.format_verdict(), "", *LEGEND]
         if self.analysis is not None:
             prompt = np.array([t["prompt_index"] for t in self.tokens])
-            lines += ["", f"ABLATION: {self._counts(prompt, prompt)} (p_final >= "
-                      f"{s['threshold']:g}); drop = p(clean) - p(ablated) at the token;",
-                      f"resample: the mean over {s['donors']} donor prompts (seed "
-                      f"{s['seed']})", *self._view_lines(self.analysis, "ablation")]
+            head = (f"ABLATION: {self._counts(prompt, prompt)} (p_final >= "
+                    f"{s['threshold']:g}); drop = p(clean) - p(ablated) at the token")
+            lines += ["", head + (";" if resample else ".")]
+            if resample:
+                lines.append(f"resample: the mean over {s['donors']} donor prompts (seed "
+                             f"{s['seed']})")
+            lines += self._view_lines(self.analysis, "ablation")
         if self.patching is not None:
             lines += ["", *self._patch_head(), *self._view_lines(self.patching, "(pairs)")]
         checks = [f"{k} {v:.1e}" for k, v in self._all_checks().items()]

@@ -149,17 +149,16 @@ def _ci(value: float, low: float, high: float, fmt: str = "+.2f") -> str:
 def format_verdict(rows: Sequence[Mapping[str, Any]], model: str) -> list[str]:
     """The verdict table, lines of at most 100 characters.
 
-    One line per view and statistic; the decision is printed on a hypothesis's last line.
+    One line per view and statistic. Each decided line holds its hypothesis's decision (H1's
+    two statistics are decided together: both lines say the same); a statistic that is
+    reported, not decided, says ``reported only``.
     """
     lines = [f"Verdict on {model} (supported iff every CI of the hypothesis lies above 0)",
              f"{'intervention':<26}{'hyp':<5}{'statistic':<32}{'median [95% CI]':<21}"
              "decision"]
     for j, row in enumerate(rows):
-        nxt = rows[j + 1] if j + 1 < len(rows) else None
-        last = nxt is None or (nxt["view"], nxt["hypothesis"]) != (row["view"],
-                                                                   row["hypothesis"])
-        decision = ""
-        if last and row["decided"]:
+        decision = "reported only"
+        if row["decided"]:
             decision = {True: "supported", False: "not supported", None: "n/a"}[
                 row["supported"]]
         first_of_view = j == 0 or rows[j - 1]["view"] != row["view"]

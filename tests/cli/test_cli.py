@@ -229,7 +229,8 @@ def test_ctrl_c_exits_130(monkeypatch, capsys) -> None:
 
     monkeypatch.setattr(models, "load_model", load_model)
     assert main([PROMPT]) == 130
-    assert capsys.readouterr().err.strip().splitlines()[-1] == "iglens: interrupted"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "iglens: interrupted: this command does not resume; re-run it to start over")
 
 
 # ------------------------------------------------------------------------- explain

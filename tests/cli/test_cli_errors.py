@@ -232,6 +232,33 @@ def test_run_unreadable_output_is_refused_before_loading(source, tmp_path, no_lo
     assert error_line(capsys).endswith("cannot be read to resume it: Permission denied")
 
 
+def test_compare_names_the_greedy_answer_token(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    assert main(["compare", "--model", str(tiny_folder), "--no-chat-template", "--k", "1",
+                 "--n-steps", "2", "--max-new-tokens", "2", "--token-index", "1",
+                 "--json", str(out), "w4"]) == 0
+    text = capsys.readouterr().out
+    head = next(line for line in text.splitlines() if line.startswith("target "))
+    # the trap: the token the model generated greedily was called "given"
+    assert ", greedy answer token) at position" in head and "given" not in head
+    assert json.loads(out.read_text())["target_source"] == "greedy answer token"
+    assert main(["compare", "--model", str(tiny_folder), "--no-chat-template", "--k", "1",
+                 "--n-steps", "2", "--prefix", "w5", "w4"]) == 0
+    assert ", model argmax) at position" in capsys.readouterr().out
+
+
+def test_interrupted_run_says_the_same_command_resumes(source, tmp_path, monkeypatch, capsys):
+    def load_model(spec=None, use_cache=True, device_map=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    assert main(run_argv(tmp_path, source, tmp_path / "out.jsonl")) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "iglens: interrupted: the records already in the results file are kept; re-run the "
+        "same command to resume")
+    assert "re-run the same command to resume" in " ".join(COMMANDS["run"].EXIT_STATUS.split())
+
+
 def test_full_disk_is_one_line_naming_the_file_and_the_run_resumes(tiny_folder, source, tmp_path,
                                                                    monkeypatch, capsys):
     out = tmp_path / "out.jsonl"
@@ -356,6 +383,28 @@ def test_template_date_warning_reaches_the_command(tiny_folder, capsys):
                  "--max-new-tokens", "1", "w4"]) == 0
     err = capsys.readouterr().err
     assert err.count("--template-date '26 Jul 2024' has no effect") == 1
+
+
+@pytest.fixture(scope="module")
+def plain_template_folder(tmp_path_factory) -> Path:
+    """The tiny llama with a chat template that writes no date."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama-plain-template"
+    make_tiny("llama", n_layers=3).save_pretrained(folder)
+    word_tokenizer(chat_template=PLAIN_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("command", [[], ["compare"]])
+def test_template_date_warning_is_said_once(plain_template_folder, command, capsys):
+    # the trap: the CLI said it, then the library's render_prompt said it again
+    # ("date_string='26 Jul 2024' has no effect"), once per prompt
+    prompts = ["w4"] if command else ["w4", "w5"]
+    assert main([*command, "--model", str(plain_template_folder), "--template-date",
+                 "26 Jul 2024", "--k", "1", "--max-new-tokens", "1", *prompts]) == 0
+    err = capsys.readouterr().err
+    assert err.count("has no effect") == 1, err
+    assert "--template-date '26 Jul 2024' has no effect: this model's chat template writes " \
+        "no date" in err
 
 
 @pytest.fixture

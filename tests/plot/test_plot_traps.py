@@ -99,7 +99,9 @@ def test_visualization_records_for_captum(fruit) -> None:
     for t, rec in enumerate(records):
         assert rec.raw_input_ids == fruit.input_tokens and rec.pred_class == fruit.output_tokens[t]
         assert float(rec.word_attributions.abs().max()) == pytest.approx(1.0)
-        assert rec.attr_score == pytest.approx(float(fruit.token_attr[t].double().sum()))
+        # the score is delta_p (baseline_attr + the row), not the row's p(y|x)
+        assert rec.attr_score == pytest.approx(
+            float(fruit.token_attr[t].double().sum() + fruit.baseline_attr[t]), rel=0, abs=1e-12)
     html = visualization.visualize_text(records, legend=False)
     assert "L30" in html.data and fruit.output_tokens[0] in html.data
 
