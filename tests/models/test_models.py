@@ -305,14 +305,14 @@ def test_model_names():
         load_model("no-such-model")
 
 
-def test_setup_extras_pin_the_registered_parts():
-    """setup.py cannot import the registry (the package imports torch): its extras are
+def test_pyproject_extras_pin_the_registered_parts():
+    """pyproject.toml cannot import the registry (the package imports torch): its extras are
     written out there, and must name the parts and versions whose digest is pinned here."""
-    lines = (pathlib.Path(__file__).parents[2] / "setup.py").read_text().splitlines()
-    extras: dict = {}
-    exec("\n".join(line for line in lines if line.startswith("QWEN_CODER_")), {}, extras)
-    for key, name in [("QWEN_CODER_05B", "qwen2.5-coder-0.5b-instruct"),
-                      ("QWEN_CODER_15B", "qwen2.5-coder-1.5b-instruct")]:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    text = (pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text("utf-8")
+    extras = tomllib.loads(text)["project"]["optional-dependencies"]
+    for key, name in [("qwen-coder-0-5b", "qwen2.5-coder-0.5b-instruct"),
+                      ("qwen-coder-1-5b", "qwen2.5-coder-1.5b-instruct")]:
         entry = NAMED_MODELS[name]
         assert extras[key] == [f"{d}=={entry.version}" for d in entry.distributions()]
 
