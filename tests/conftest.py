@@ -43,6 +43,18 @@ def input_ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 9), generator=gen)
 
 
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory):
+    """A model folder that ``--model`` loads: a tiny random llama (3 blocks, 128 positions,
+    perturbed norms) and the word tokenizer (no chat template); one per test module."""
+    from captum_iglens.testing._tokenizer import word_tokenizer
+
+    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
+    make_tiny("llama", n_layers=3).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M-Instruct (model, tokenizer), loaded offline."""

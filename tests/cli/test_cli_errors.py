@@ -60,15 +60,6 @@ def no_load(monkeypatch):
     monkeypatch.setattr(models, "load_model", load_model)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    """A model folder: a tiny random llama (3 blocks) and the word tokenizer (no template)."""
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    make_tiny("llama", n_layers=3).save_pretrained(folder)
-    word_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def error_line(capsys) -> str:
     """The one error line on stderr (a `loading ...` line before it is allowed)."""
     err = [line for line in capsys.readouterr().err.strip().splitlines()

@@ -24,14 +24,6 @@ from captum_iglens.models import loading as models
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    make_tiny("llama", n_layers=3).save_pretrained(folder)
-    word_tokenizer().save_pretrained(folder)
-    return folder
-
-
 @pytest.fixture
 def loads(monkeypatch):
     """Count model loads; ``loads.forbid()`` makes a load fail the test."""

@@ -99,16 +99,6 @@ def env_one_thread() -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_folder(tmp_path_factory) -> Path:
-    """A model folder `--model` loads: a tiny random llama (3 blocks, 128 positions) and the
-    word tokenizer (no chat template)."""
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    make_tiny("llama", n_layers=3).save_pretrained(folder)
-    word_tokenizer().save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="session")
 def gpt2_folder(tmp_path_factory) -> Path:
     """A tiny random GPT-2 (3 blocks): a learned table of 128 positions, so a longer prompt
     cannot run (rotary llama has no such limit: max_sequence_length is None there)."""

@@ -79,14 +79,6 @@ def test_cli_heads_need_sublayer(capsys) -> None:
     assert main(["explain", "--granularity", "foo", PROMPT]) == 2
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("models") / "tiny-llama"
-    make_tiny("llama", n_layers=3).save_pretrained(folder)
-    word_tokenizer().save_pretrained(folder)
-    return folder
-
-
 def test_cli_explain_run_and_summarize_sublayer(tiny_folder, tmp_path, capsys) -> None:
     out_json, png = tmp_path / "e.json", tmp_path / "e.png"
     assert main(["explain", "--model", str(tiny_folder), "--no-chat-template",
