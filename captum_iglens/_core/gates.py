@@ -1,0 +1,137 @@
+"""Gates on decoder-block updates at one position: ``F(g)`` and ``dF/dg`` in one forward.
+
+The total-effect path (:mod:`captum_iglens._core.total_effect`) gates each chosen block
+``L``'s update at the explained position ``i``::
+
+    h_L[i] = h_{L-1}[i] + r_L + g_L (u_L[i] - r_L)
+    u_L[i] = block_L(gated stream)[i] - h_{L-1}[i]
+
+``h_{L-1}[i]`` is the block's (already gated) input, ``r_L`` the reference update. Earlier
+positions are untouched and later ones cannot change ``p(y)`` at ``i`` in a causal model, so
+a row of gates is one single-position forward over the clean prefix's KV cache; ``R`` rows
+(path points) run as one batch, and one backward pass gives ``dF/dg`` for every row (rows are
+independent). ``F`` is the model's own readout of its last block at ``i``: ``p(y)``,
+``log p(y)`` or ``p(y) - p(foil)``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from captum_iglens.lens.hooks import hidden_of
+from captum_iglens.lens.kv_cache import make_cache
+from captum_iglens.lens.readout import lens_values
+
+__all__ = ["GateRows", "gated_values", "with_hidden"]
+
+
+def with_hidden(output: object, hidden: Tensor) -> object:
+    """A decoder block's ``output`` with its residual stream replaced by ``hidden``."""
+    if isinstance(output, Tensor):
+        return hidden
+    if isinstance(output, tuple):
+        return type(output)((hidden, *output[1:]))
+    raise TypeError(f"Cannot replace the residual stream of a block output of type "
+                    f"{type(output)}")
+
+
+@dataclass
+class GateRows:
+    """``R`` rows of gates at one explained position, and what they read.
+
+    Attributes:
+        gates (Tensor): ``[R, k]`` gate values (one per gated block), float, requires grad.
+        references (Tensor): ``[k, d]`` reference updates ``r_L``, model dtype.
+        ids (Tensor): ``[1]`` target id, or ``[2]`` (target, foil).
+        log (bool): ``F`` in log-probability (nats) instead of probability.
+    """
+
+    gates: Tensor
+    references: Tensor
+    ids: Tensor
+    log: bool = False
+
+
+@contextmanager
+def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
+                ) -> Iterator[None]:
+    """Hooks that gate block ``layers[j]``'s update at the last position by ``gates[:, j]``."""
+    inputs: dict[int, Tensor] = {}
+    handles = []
+
+    def pre(layer: int):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[layer] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def post(j: int, layer: int):
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = hidden_of(output)
+            before = inputs[layer][:, -1]
+            ref = rows.references[j].to(hidden)
+            gate = rows.gates[:, j, None].to(hidden)
+            last = before + ref + gate * (hidden[:, -1] - before - ref)
+            return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
+        return hook
+
+    try:
+        for j, layer in enumerate(layers):
+            block = blocks[layer - 1]
+            handles.append(block.register_forward_pre_hook(pre(layer), with_kwargs=True))
+            handles.append(block.register_forward_hook(post(j, layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def gated_values(
+    model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
+    token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
+    attention_mask: Optional[Tensor] = None, position_id: Optional[Tensor] = None,
+    grad: bool = True,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
+
+    Args:
+        model (nn.Module): The causal LM (in eval mode; its state is the caller's to keep).
+        blocks (nn.ModuleList): Its ``n`` decoder blocks.
+        layers (sequence of int): The ``k`` gated hidden-state indices (``1..n``).
+        rows (GateRows): The gates, references and target.
+        token (Tensor): ``[1, 1]`` the token id at the explained position ``i``.
+        kv (list): Per block ``(keys, values)`` ``[1, heads, i, head_dim]`` of the clean
+            prefix (empty at ``i = 0``).
+        cache_kw (str): The forward's cache argument name.
+        attention_mask (Tensor, optional): ``[1, i + 1]`` the prefix's mask and ``i``'s.
+        position_id (Tensor, optional): ``[1, 1]`` position id of ``i``.
+        grad (bool, optional): Also return ``dF/dg``. Default: True.
+
+    Returns:
+        (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
+        ``[R, k]`` ``dF/dg`` in the gates' dtype (``None`` without ``grad``).
+    """
+    n_rows = rows.gates.shape[0]
+    kwargs: dict = {"use_cache": True}
+    if kv and kv[0][0].shape[-2]:
+        kwargs[cache_kw] = make_cache([(k.expand(n_rows, -1, -1, -1),
+                                        v.expand(n_rows, -1, -1, -1)) for k, v in kv])
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask.expand(n_rows, -1)
+    if position_id is not None:
+        kwargs["position_ids"] = position_id.expand(n_rows, -1)
+    gates = rows.gates.detach().requires_grad_(grad)
+    live = GateRows(gates, rows.references, rows.ids, rows.log)
+    with torch.set_grad_enabled(grad), _gate_hooks(blocks, layers, live):
+        logits = model(token.expand(n_rows, -1), **kwargs).logits[:, -1]
+        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+        values = lens_values(log_probs, rows.ids.reshape(1, -1).expand(n_rows, -1), rows.log)
+        if not grad:
+            return values.detach(), None
+        (grads,) = torch.autograd.grad(values.sum(), gates)
+    return values.detach(), grads

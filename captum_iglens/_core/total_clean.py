@@ -1,0 +1,215 @@
+"""The clean forward of the total-effect path: residual updates, KV cache, model probabilities.
+
+One forward over the whole input records every chosen block's input and output at every
+position (the updates ``u_L = h_L - h_{L-1}`` that the gates scale and the ``"mean"``
+reference averages) and the KV cache that the single-position gated forwards attend to
+(:mod:`captum_iglens._core.gates`); reference token ids get one more forward for their
+updates at the explained positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from captum_iglens._core.pipeline import readout_chunk
+from captum_iglens._core.request import PathRequest
+from captum_iglens.lens.hooks import (
+    capture_residual_stream,
+    check_finite_residuals,
+    forward_with_capture,
+)
+from captum_iglens.lens.kv_cache import cache_tensors
+from captum_iglens.lens.readout import readout_probs, readout_top_k
+from captum_iglens.lens.spec import LensSpec
+from captum_iglens.lens.state import forward_parameters
+
+__all__ = ["CleanTrace", "check_gated_spec", "clean_trace", "lens_levels",
+           "GATE_CHECK_EPS"]
+
+#: ``F(1)`` (the gated path at ``g = 1``, single-position forward over the KV cache) must
+#: reproduce the model's own probability to ``GATE_CHECK_EPS * eps * (1 + |p|)``: batched
+#: single-position and full-sequence forwards round differently (the block ablation's
+#: check uses the same rule, :data:`captum_iglens.validate.ablation.CHECK_TOLERANCE_EPS`).
+GATE_CHECK_EPS = 256
+
+_PASSED = {"attention_mask", "position_ids", "use_cache", "logits_to_keep"}
+
+
+def check_gated_spec(spec: LensSpec, kwargs: dict) -> str:
+    """Refuse what the gated path cannot do; return the forward's cache argument name.
+
+    Raises:
+        ValueError: the embedding among the chosen layers, sub-layer nodes, forward
+            arguments other than the attention mask and position ids, or a forward that
+            takes no KV cache.
+    """
+    if 0 in spec.layer_indices:
+        raise ValueError(f"effect={spec.effect!r} gates decoder-block updates; hidden-state "
+                         "index 0 (the embedding) is not one: choose blocks 1..n only.")
+    if spec.granularity != "block":
+        raise ValueError(f"effect={spec.effect!r} gates whole blocks; sub-layer and head "
+                         "gates are not implemented yet: use granularity='block'.")
+    extra = sorted(set(kwargs) - _PASSED)
+    if extra:
+        raise ValueError(f"effect={spec.effect!r} passes only the attention mask and position "
+                         f"ids to its single-position forwards; got {extra}.")
+    params = forward_parameters(spec.model)
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise ValueError(f"effect={spec.effect!r} needs a forward that takes a KV cache "
+                     "(past_key_values); this model's does not.")
+
+
+@dataclass
+class CleanTrace:
+    """The clean forward of ``B`` inputs, as the gated forwards need it.
+
+    Attributes:
+        layers (tuple of int): The ``k`` gated hidden-state indices.
+        updates (Tensor): ``[B, S, k, d]`` clean block updates ``u_L``.
+        nodes (Tensor): ``[B, P, k, d]`` clean ``h_L`` at the explained positions.
+        kv (list): Per block ``(keys, values)`` ``[B, heads, S, head_dim]``.
+        log_probs (Tensor): ``[B, P, V]`` the model's own log-probabilities (float32+).
+        request (PathRequest): The checked inputs.
+        cache_kw (str): The forward's cache argument.
+        reference_updates (Tensor, optional): ``[B, P, k, d]`` updates of reference ids.
+    """
+
+    layers: tuple[int, ...]
+    updates: Tensor
+    nodes: Tensor
+    kv: list[tuple[Tensor, Tensor]]
+    log_probs: Tensor
+    request: PathRequest
+    cache_kw: str
+    reference_updates: Optional[Tensor] = None
+
+    def token(self, b: int, j: int) -> Tensor:
+        """``[1, 1]`` the token at row ``b``'s explained position ``j``."""
+        pos = self.request.positions[j]
+        return self.request.input_ids[b:b + 1, pos:pos + 1]
+
+    def prefix(self, b: int, j: int) -> list[tuple[Tensor, Tensor]]:
+        """The clean KV cache of the positions before ``j``'s, ``[1, heads, i, head_dim]``."""
+        pos = self.request.positions[j]
+        return [(k[b:b + 1, :, :pos], v[b:b + 1, :, :pos]) for k, v in self.kv]
+
+    def mask_prefix(self, b: int, j: int) -> Optional[Tensor]:
+        """``[1, i + 1]`` the attention mask up to ``j``'s position, or ``None``."""
+        mask = self.request.mask
+        return None if mask is None else mask[b:b + 1, :self.request.positions[j] + 1]
+
+    def position_id(self, b: int, j: int) -> Optional[Tensor]:
+        """``[1, 1]`` the position id of ``j``'s position, or ``None``."""
+        ids = self.request.position_ids
+        pos = self.request.positions[j]
+        return None if ids is None else ids[b:b + 1, pos:pos + 1]
+
+    def check_end(self, end: Tensor, ids: Tensor, log: bool, explained: Optional[Tensor],
+                  verify: bool = True) -> None:
+        """Refuse ``F(1)`` ``[B, P]`` unlike the model's own ``F`` (the KV-cache path).
+
+        Raises:
+            RuntimeError: naming the largest difference and its tolerance.
+        """
+        if not verify:
+            return
+        picked = self.log_probs.gather(-1, ids.to(self.log_probs.device)).cpu()
+        own = picked if log else picked.exp()
+        own = own[..., 0] if own.shape[-1] == 1 else own[..., 0] - own[..., 1]
+        keep = torch.ones_like(end, dtype=torch.bool) if explained is None else explained
+        err = (end - own.to(end.dtype)).abs()[keep]
+        tol = GATE_CHECK_EPS * torch.finfo(end.dtype).eps * (1 + own.abs()[keep])
+        if bool((err > tol).any()):
+            raise RuntimeError(
+                f"The gated single-position forward at g = 1 gives F = p(y) off the model's "
+                f"own by {float(err.max()):.3g} (tolerance {float(tol.max()):.3g}): this "
+                "family's KV cache or block outputs cannot serve the total-effect path.")
+
+
+def _capture(spec: LensSpec, request: PathRequest, needed: set[int], cache_kw: str
+             ) -> tuple[dict[int, Tensor], list[tuple[Tensor, Tensor]], Tensor]:
+    """One clean forward with its cache: ``h_l`` ``[B, S, d]``, the KV cache, the logits."""
+    inputs = request.input_ids
+    kwargs = {**request.forward_kwargs, "use_cache": True}
+    finite: dict[int, Tensor] = {}
+    with torch.no_grad(), capture_residual_stream(
+            spec.decoder_blocks, needed, finite=finite, mask=request.mask,
+            shape=tuple(inputs.shape[:2]), whole=needed) as states:
+        output = spec.model(inputs, **kwargs)
+    check_finite_residuals(spec.model, spec.decoder_blocks, finite)
+    cache = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")
+    try:
+        kv = [(k.detach(), v.detach()) for k, v in cache_tensors(cache)]
+    except (TypeError, AttributeError) as err:
+        raise ValueError("The model's cache is not a key-value cache of every block (a "
+                         "recurrent or hybrid family?); the total-effect path needs one.") from err
+    if any(k.shape[-2] != inputs.shape[1] for k, _ in kv) or len(kv) != spec.num_layers:
+        raise ValueError("The model's KV cache does not keep every position of every block "
+                         "(a sliding-window cache?); the total-effect path needs the full "
+                         "prefix.")
+    return states, kv, output.logits
+
+
+def _updates(states: dict[int, Tensor], layers: tuple[int, ...]) -> Tensor:
+    """``[B, S|P, k, d]`` ``h_L - h_{L-1}`` for the chosen blocks."""
+    return torch.stack([states[L] - states[L - 1] for L in layers], dim=2)
+
+
+def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
+    """The clean forward (and the reference ids' forward) of ``request``.
+
+    Raises:
+        ValueError: :func:`check_gated_spec`'s refusals, or a cache that drops positions.
+        FloatingPointError: NaN or inf in a residual.
+    """
+    cache_kw = check_gated_spec(spec, request.forward_kwargs)
+    layers = tuple(spec.layer_indices)
+    needed = set(layers) | {L - 1 for L in layers}
+    states, kv, logits = _capture(spec, request, needed, cache_kw)
+    pos = request.positions
+    if logits.shape[1] == request.seq_len:
+        logits = logits[:, pos]
+    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    ref = None
+    if request.reference_ids is not None:
+        ref_states, _ = forward_with_capture(spec.model, spec.decoder_blocks,
+                                             request.reference_ids, request.forward_kwargs,
+                                             needed, None, request.mask, pos)
+        ref = _updates(ref_states, layers)
+    return CleanTrace(
+        layers=layers, updates=_updates(states, layers),
+        nodes=torch.stack([states[L][:, pos] for L in layers], dim=2), kv=kv,
+        log_probs=torch.log_softmax(logits.detach().to(wide), dim=-1), request=request,
+        cache_kw=cache_kw, reference_updates=ref)
+
+
+def lens_levels(spec: LensSpec, clean: CleanTrace, ids: Tensor,
+                internal_batch_size: Optional[int], top_k: int
+                ) -> tuple[Tensor, Tensor, Optional[tuple[Tensor, Tensor]]]:
+    """The clean logit lens at the chosen blocks, and the model's argmax.
+
+    Returns:
+        (levels, argmax, top): ``F(h_L[i])`` ``[B, P, k]``, ``[B, P]`` int64, and the top
+        ``top_k`` probabilities and ids ``[B, P, k, top_k]`` (``None`` for ``top_k = 0``).
+    """
+    nodes = clean.nodes
+    batch, n_pos, k, d = nodes.shape
+    chunk = readout_chunk(spec, internal_batch_size)
+    flat = nodes.reshape(-1, d)
+    rows = ids.to(flat.device)[:, :, None].expand(batch, n_pos, k, ids.shape[-1])
+    rows = rows.reshape(-1, ids.shape[-1])
+    rows = rows[:, 0] if rows.shape[-1] == 1 else rows
+    levels = readout_probs(spec.readout, flat, rows, chunk,
+                           log=spec.units == "log-probability").view(batch, n_pos, k).cpu()
+    top = None
+    if top_k:
+        probs, top_ids = readout_top_k(spec.readout, flat, top_k, chunk)
+        top = (probs.view(batch, n_pos, k, top_k).cpu(), top_ids.view(batch, n_pos, k, top_k)
+               .cpu())
+    return levels, clean.log_probs.argmax(-1).cpu(), top
