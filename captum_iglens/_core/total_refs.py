@@ -21,10 +21,21 @@ from torch import Tensor
 
 from captum_iglens._core.baselines import document_starts
 
-__all__ = ["causal_update_mean", "reference_updates", "TOTAL_REFERENCES"]
+__all__ = ["REFERENCE_DESCRIPTIONS", "TOTAL_REFERENCES", "causal_update_mean",
+           "reference_updates"]
 
 #: Named references of the total-effect gates (reference token ids are the third kind).
 TOTAL_REFERENCES: tuple[str, ...] = ("mean", "zero")
+
+#: What each reference is, in words, for tables and JSON.
+REFERENCE_DESCRIPTIONS: dict[str, str] = {
+    "mean": "every gated block's update at the position set to its causal running mean over "
+            "the earlier positions of the document (first position, the attention sink, left "
+            "out)",
+    "zero": "every gated block's update at the position removed",
+    "reference ids": "every gated block's update at the position set to the reference "
+                     "prompt's update there",
+}
 
 
 def causal_update_mean(updates: Tensor, positions: Sequence[int], mask: Optional[Tensor],

@@ -1,0 +1,83 @@
+"""The total effect and attribution patching through explain(), JSON, the table and the CLI."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from tiny_families import make_family
+from tiny_tokenizer import word_tokenizer
+
+from captum_iglens import IGLens, explain
+from captum_iglens.cli import main
+from captum_iglens.models import loading as models
+from captum_iglens.results import IGLensResult
+
+PROMPT = "w3 w5 w7 w9 w2 w4"
+
+
+def _explain(effect: str, **kwargs):
+    model = make_family("llama", seed=1).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model, explain(model, word_tokenizer(), PROMPT, max_new_tokens=3,
+                              chat_template=False, effect=effect, **kwargs)
+
+
+@pytest.mark.parametrize("effect", ["total", "atp"])
+def test_explain_records_effect_method_and_steps(effect: str) -> None:
+    model, result = _explain(effect, n_steps=4)
+    assert result.effect == effect
+    assert (result.method, result.n_steps) == (("atp", 1) if effect == "atp"
+                                               else ("prediction_aware", 4))
+    # the same numbers as the lens on the teacher-forced sequence
+    ids = torch.tensor([result.input_ids[:-1]])
+    out = IGLens(model, effect=effect).attribute_details(
+        ids, target=torch.tensor([result.token_ids]), positions=result.positions, n_steps=4)
+    assert torch.allclose(result.attributions, out.attributions[0], rtol=0, atol=1e-6)
+    data = json.loads(result.to_json())
+    assert data["effect"] == effect and data["method"] == result.method
+    assert ("not a decomposition" in data["delta_meaning"]) == (effect == "atp")
+    assert IGLensResult.from_dict(data).effect == effect
+    table = result.format_table()
+    assert ("not a decomposition" in table) == (effect == "atp")
+    assert ("total effect" in table) == (effect == "total")
+    assert "update" in result.baseline_description
+
+
+def test_readout_json_is_unchanged() -> None:
+    _, result = _explain("readout")
+    data = result.to_dict()
+    assert "effect" not in data and "delta_meaning" not in data
+
+
+@pytest.fixture
+def tiny_load(monkeypatch):
+    model, tokenizer = make_family("llama", seed=1).eval(), word_tokenizer()
+    monkeypatch.setattr(models, "load_model",
+                        lambda spec=None, use_cache=True, device_map=None: (model, tokenizer))
+    return model
+
+
+@pytest.mark.parametrize("effect", ["total", "atp"])
+def test_cli_explain_effect_writes_it_to_json(effect, tiny_load, tmp_path, capsys) -> None:
+    path = tmp_path / "out.json"
+    argv = ["explain", "--effect", effect, "--n-steps", "4", "--max-new-tokens", "2",
+            "--no-chat-template", "--json", str(path), PROMPT]
+    assert main(argv) == 0
+    data = json.loads(path.read_text())
+    data = data[0] if isinstance(data, list) else data
+    assert data["effect"] == effect
+    assert abs(sum(data["tokens"][0]["attributions"]) - data["tokens"][0]["delta_p"]
+               - data["tokens"][0]["convergence_delta"]) <= 1e-6
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--baseline", "embedding"], "--baseline must be mean or zero"),
+    (["--granularity", "sublayer"], "gates whole blocks"),
+])
+def test_cli_effect_refusals(extra, message, tiny_load, capsys) -> None:
+    assert main(["explain", "--effect", "total", *extra, PROMPT]) == 2
+    assert message in capsys.readouterr().err
