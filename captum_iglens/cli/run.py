@@ -74,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layer_opts.add_layer_options(parser)
     layer_opts.add_granularity_options(parser, heads=False)
     opts.add_estimator_options(parser)
+    opts.add_effect_option(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
     opts.add_check(parser, _check_files)
@@ -196,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     layers = layer_opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
     if procs.is_main:
         opts.warn_unused_template_date(args, tokenizer)
-    lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity)
+    lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity,
+                  effect=args.effect)
     settings = RunSettings(
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),

@@ -36,6 +36,7 @@ from captum_iglens.run.results_file import ResultsFile, check_results_file, read
 from captum_iglens.run.settings import RunReport, RunSettings
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
+    DEFAULT_EFFECT,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
 )
@@ -124,7 +125,7 @@ class _Runner:
         baselines = s.attribute_kwargs.get("baselines", DEFAULT_BASELINE)
         recording = None
         # a recording holds block outputs only: sub-layer lenses re-run prompt + answer
-        if can_record(baselines, self.lens.model) and self.lens.granularity == "block":
+        if can_record(baselines, self.lens.model) and self.lens.spec.recordable:
             recording = generate_recording(self.lens, self.tokenizer, prompts,
                                            s.max_new_tokens, baselines)
             answers = recording.answers
@@ -269,7 +270,8 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
         "max_new_tokens": settings.max_new_tokens, "chat_template": settings.chat_template,
         "template_kwargs": settings.template_kwargs, "onset_frac": settings.onset_frac,
         "onset_rule": settings.onset_rule, "top_k": settings.top_k, "stride": settings.stride,
-        **({} if lens.granularity == "block" else {"granularity": lens.granularity})})
+        **({} if lens.granularity == "block" else {"granularity": lens.granularity}),
+        **({} if lens.spec.effect == DEFAULT_EFFECT else {"effect": lens.spec.effect})})
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     out.stamp = {"run": fingerprint}

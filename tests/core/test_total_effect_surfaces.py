@@ -81,3 +81,19 @@ def test_cli_explain_effect_writes_it_to_json(effect, tiny_load, tmp_path, capsy
 def test_cli_effect_refusals(extra, message, tiny_load, capsys) -> None:
     assert main(["explain", "--effect", "total", *extra, PROMPT]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_run_effect_is_fingerprinted(tiny_load, tmp_path, capsys) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n"
+                      + json.dumps({"id": "b", "prompt": "w8 w6 w4"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    argv = ["run", "--input", str(source), "--output", str(out), "--max-new-tokens", "2",
+            "--no-chat-template", "--no-progress", "--n-steps", "4"]
+    assert main([*argv, "--effect", "total"]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {line["effect"] for line in lines} == {"total"}
+    assert {line["run"]["effect"] for line in lines} == {"total"}
+    # resuming the file as a readout run would mix two kinds of credit: refused
+    assert main([*argv, "--effect", "readout"]) != 0
+    assert "effect: 'total' there, 'readout' now" in capsys.readouterr().err
