@@ -97,3 +97,21 @@ def test_cli_run_effect_is_fingerprinted(tiny_load, tmp_path, capsys) -> None:
     # resuming the file as a readout run would mix two kinds of credit: refused
     assert main([*argv, "--effect", "readout"]) != 0
     assert "effect: 'total' there, 'readout' now" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("baselines", [None, "zero"])
+def test_captum_llm_attribution_with_total_effect(baselines) -> None:
+    from captum.attr import TextTokenInput
+
+    from captum_iglens import LLMIGLensAttribution
+
+    model, tok = make_family("llama", seed=1).eval(), word_tokenizer()
+    lens = IGLens(model, effect="total")
+    kwargs = {} if baselines is None else {"baselines": baselines}
+    res = LLMIGLensAttribution(lens, tok).attribute(TextTokenInput(PROMPT, tok),
+                                                    target=" w7 w8", n_steps=4, **kwargs)
+    assert res.effect == "total" and res.token_attr.shape == (2, 2)
+    assert res.baseline == ("reference ids" if baselines is None else "zero")
+    assert bool((res.baseline_attr == 0).all())
+    gap = res.token_attr.double().sum(-1) - (res.output_probs - res.p_baseline).double()
+    assert float(gap.abs().max()) <= 4 * torch.finfo(torch.float32).eps
