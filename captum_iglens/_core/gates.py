@@ -45,9 +45,9 @@ class GateRows:
     """``R`` rows of gates at one explained position, and what they read.
 
     Attributes:
-        gates (Tensor): ``[R, k]`` gate values (one per gated block), float, requires grad.
-        references (Tensor): ``[k, d]`` reference updates ``r_L``, model dtype.
-        ids (Tensor): ``[1]`` target id, or ``[2]`` (target, foil).
+        gates (Tensor): ``[R, k]`` gate values (one per gated block), float.
+        references (Tensor): ``[R, k, d]`` reference updates ``r_L`` of each row.
+        ids (Tensor): ``[R, 1]`` target ids, or ``[R, 2]`` (target, foil).
         log (bool): ``F`` in log-probability (nats) instead of probability.
     """
 
@@ -73,7 +73,7 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             before = inputs[layer][:, -1]
-            ref = rows.references[j].to(hidden)
+            ref = rows.references[:, j].to(hidden)
             gate = rows.gates[:, j, None].to(hidden)
             last = before + ref + gate * (hidden[:, -1] - before - ref)
             return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
@@ -93,8 +93,7 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
 def gated_values(
     model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
     token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
-    attention_mask: Optional[Tensor] = None, position_id: Optional[Tensor] = None,
-    grad: bool = True,
+    attention_mask: Tensor, position_id: Optional[Tensor] = None, grad: bool = True,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
 
@@ -103,12 +102,13 @@ def gated_values(
         blocks (nn.ModuleList): Its ``n`` decoder blocks.
         layers (sequence of int): The ``k`` gated hidden-state indices (``1..n``).
         rows (GateRows): The gates, references and target.
-        token (Tensor): ``[1, 1]`` the token id at the explained position ``i``.
-        kv (list): Per block ``(keys, values)`` ``[1, heads, i, head_dim]`` of the clean
-            prefix (empty at ``i = 0``).
+        token (Tensor): ``[R, 1]`` each row's token id at its explained position ``i``.
+        kv (list): Per block ``(keys, values)`` ``[1, heads, c, head_dim]`` of the clean
+            prefix (``c = 0``: none), shared by every row.
         cache_kw (str): The forward's cache argument name.
-        attention_mask (Tensor, optional): ``[1, i + 1]`` the prefix's mask and ``i``'s.
-        position_id (Tensor, optional): ``[1, 1]`` position id of ``i``.
+        attention_mask (Tensor): ``[R, c + 1]``: which cached columns each row attends to,
+            and its own (last) column.
+        position_id (Tensor, optional): ``[R, 1]`` each row's position id.
         grad (bool, optional): Also return ``dF/dg``. Default: True.
 
     Returns:
@@ -116,21 +116,19 @@ def gated_values(
         ``[R, k]`` ``dF/dg`` in the gates' dtype (``None`` without ``grad``).
     """
     n_rows = rows.gates.shape[0]
-    kwargs: dict = {"use_cache": True}
+    kwargs: dict = {"use_cache": True, "attention_mask": attention_mask}
     if kv and kv[0][0].shape[-2]:
         kwargs[cache_kw] = make_cache([(k.expand(n_rows, -1, -1, -1),
                                         v.expand(n_rows, -1, -1, -1)) for k, v in kv])
-    if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask.expand(n_rows, -1)
     if position_id is not None:
-        kwargs["position_ids"] = position_id.expand(n_rows, -1)
+        kwargs["position_ids"] = position_id
     gates = rows.gates.detach().requires_grad_(grad)
     live = GateRows(gates, rows.references, rows.ids, rows.log)
     with torch.set_grad_enabled(grad), _gate_hooks(blocks, layers, live):
-        logits = model(token.expand(n_rows, -1), **kwargs).logits[:, -1]
+        logits = model(token, **kwargs).logits[:, -1]
         wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
         log_probs = torch.log_softmax(logits.to(wide), dim=-1)
-        values = lens_values(log_probs, rows.ids.reshape(1, -1).expand(n_rows, -1), rows.log)
+        values = lens_values(log_probs, rows.ids, rows.log)
         if not grad:
             return values.detach(), None
         (grads,) = torch.autograd.grad(values.sum(), gates)

@@ -10,9 +10,11 @@ on each chosen block's update at the explained position ``i`` (:mod:`~._core.gat
 (:mod:`~._core.total_split`). ``effect="atp"`` returns attribution patching's first-order
 estimate ``dF/dg_L`` at ``g = 1`` instead, which does not add up.
 
-Cost: one clean forward with its KV cache, then per explained position one batched
-single-position forward and backward over the cached prefix (``n_steps + 1`` rows for the
-exact split, ``n_steps + 2`` for the gradient estimators, 2 for ``"atp"``).
+Cost: one clean forward with its KV cache, then single-position forwards and backwards over
+the cached prefix: ``n_steps + 1`` rows per explained position for the exact split,
+``n_steps + 2`` for the gradient estimators, 2 for ``"atp"``; the rows of several positions
+of one input share a forward (each row masks the cached columns at and after its own
+position), up to ``internal_batch_size`` rows (default :data:`GATE_ROWS`).
 """
 
 from __future__ import annotations
@@ -33,18 +35,17 @@ from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_state_preserved
 from captum_iglens.results import IGLensOutput
 
-__all__ = ["run_total"]
+__all__ = ["GATE_ROWS", "run_total"]
 
 
-def _pair_credits(spec: LensSpec, clean: CleanTrace, b: int, j: int, rows: GateRows,
-                  method: str, effect: str, alphas: Tensor, weights: Tensor
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-    """Credits ``[k]``, ``F(0)`` and ``F(1)`` of row ``b``'s explained position ``j``."""
-    values, grads = gated_values(
-        spec.model, spec.decoder_blocks, clean.layers, rows, token=clean.token(b, j),
-        kv=clean.prefix(b, j), cache_kw=clean.cache_kw,
-        attention_mask=clean.mask_prefix(b, j), position_id=clean.position_id(b, j))
-    assert grads is not None
+#: Gated rows per single-position forward when ``internal_batch_size`` is not given (a
+#: group of explained positions shares one forward and one read of the weights).
+GATE_ROWS = 256
+
+
+def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tensor,
+           weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Credits ``[k]``, ``F(0)`` and ``F(1)`` of one position from its path points."""
     if effect == "atp":
         return grads[0].to(values.dtype), values[1], values[0]
     if method == "prediction_aware":
@@ -52,8 +53,27 @@ def _pair_credits(spec: LensSpec, clean: CleanTrace, b: int, j: int, rows: GateR
     return gradient_credits(grads, weights).to(values.dtype), values[-2], values[-1]
 
 
+def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int],
+                   refs: Tensor, ids: Tensor, alphas: Tensor) -> tuple[Tensor, Tensor]:
+    """``F`` ``[C, N]`` and ``dF/dg`` ``[C, N, k]`` of row ``b``'s ``C`` columns, one forward."""
+    n_points, k = alphas.shape[0], len(clean.layers)
+    gate_dtype = spec.dtype if spec.dtype.is_floating_point else torch.float32
+    gates = alphas.to(device=refs.device, dtype=gate_dtype)[:, None].expand(n_points, k)
+    rows = GateRows(gates.repeat(len(columns), 1),
+                    refs[b, columns].repeat_interleave(n_points, 0),
+                    ids[b, columns].repeat_interleave(n_points, 0),
+                    spec.units == "log-probability")
+    inputs = clean.group_inputs(b, columns, n_points)
+    values, grads = gated_values(
+        spec.model, spec.decoder_blocks, clean.layers, rows, token=inputs["token"],
+        kv=inputs["kv"], cache_kw=clean.cache_kw, attention_mask=inputs["attention_mask"],
+        position_id=inputs["position_id"])
+    assert grads is not None
+    return values.view(len(columns), n_points), grads.view(len(columns), n_points, k)
+
+
 def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, method: str,
-             n_steps: int, effect: str, explained: Optional[Tensor]
+             n_steps: int, effect: str, explained: Optional[Tensor], rows_per_forward: int
              ) -> tuple[Tensor, Tensor, Tensor]:
     """``[B, P, k]`` credits, ``[B, P]`` ``F(0)`` and ``F(1)`` (NaN where not explained)."""
     alphas, weights = path_points(method, n_steps, effect)
@@ -62,17 +82,15 @@ def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, metho
     credits = torch.full((batch, n_pos, len(clean.layers)), float("nan"), dtype=dtype)
     start = torch.full((batch, n_pos), float("nan"), dtype=dtype)
     end = start.clone()
-    gate_dtype = spec.dtype if spec.dtype.is_floating_point else torch.float32
-    log = spec.units == "log-probability"
+    per_group = max(1, rows_per_forward // alphas.shape[0])
     for b in range(batch):
-        for j in range(n_pos):
-            if explained is not None and not bool(explained[b, j]):
-                continue
-            gates = alphas.to(device=refs.device, dtype=gate_dtype)[:, None].expand(
-                -1, len(clean.layers)).contiguous()
-            rows = GateRows(gates, refs[b, j], ids[b, j], log)
-            c, f0, f1 = _pair_credits(spec, clean, b, j, rows, method, effect, alphas, weights)
-            credits[b, j], start[b, j], end[b, j] = c.cpu(), f0.cpu(), f1.cpu()
+        todo = [j for j in range(n_pos) if explained is None or bool(explained[b, j])]
+        for first in range(0, len(todo), per_group):
+            columns = todo[first:first + per_group]
+            values, grads = _group_credits(spec, clean, b, columns, refs, ids, alphas)
+            for c, j in enumerate(columns):
+                got = _split(values[c], grads[c], method, effect, alphas, weights)
+                credits[b, j], start[b, j], end[b, j] = (t.cpu() for t in got)
     return credits, start, end
 
 
@@ -98,8 +116,9 @@ def run_total(
 
     Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`; ``baselines``
     names the reference (``"mean"``, ``"zero"`` or reference token ids) and ``method`` the
-    estimator (``"prediction_aware"``: the exact step split). ``internal_batch_size`` and
-    ``top_k`` act on the clean logit-lens levels only.
+    estimator (``"prediction_aware"``: the exact step split). ``internal_batch_size`` is
+    the number of gated rows per single-position forward (default :data:`GATE_ROWS`) and
+    the readout chunk of the clean logit-lens levels; ``top_k`` acts on those levels.
 
     Returns:
         (output, single): ``output.attributions`` ``[B, P, k]`` (probability units unless
@@ -121,10 +140,16 @@ def run_total(
         tgt, foil, ids = _targets(clean, request, target, contrast)
         refs, name = reference_updates(baselines, clean.updates, clean.reference_updates,
                                        request.positions, request.mask, request.position_ids)
+        log, check = spec.units == "log-probability", spec.check_readout
         credits, start, end = _credits(spec, clean, refs, ids, method, n_steps, spec.effect,
-                                       request.explained)
+                                       request.explained, internal_batch_size or GATE_ROWS)
+        if not clean.check_end(end, ids, log, request.explained, check, strict=False):
+            # families whose attention reads absolute cache columns (local windows, some
+            # ALiBi layouts) cannot share a forward across positions: one position each
+            credits, start, end = _credits(spec, clean, refs, ids, method, n_steps,
+                                           spec.effect, request.explained, 1)
     levels, argmax, top = lens_levels(spec, clean, ids, internal_batch_size, top_k)
-    clean.check_end(end, ids, spec.units == "log-probability", request.explained)
+    clean.check_end(end, ids, log, request.explained, check)
     out = IGLensOutput(
         attributions=credits, convergence_delta=credits.double().sum(-1).to(credits.dtype)
         - (end - start), lens_probs=levels, p_final=end, p_baseline=start,

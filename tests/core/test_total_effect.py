@@ -153,22 +153,26 @@ def _refs_for(model: nn.Module, ids: Tensor, pos: int, baseline: str) -> Tensor:
     return updates[:, 1:].double().mean(1).float()  # positions 1..pos-1: the sink left out
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", (*FAMILIES, "gpt_neo", "mpt"))
 @pytest.mark.parametrize("baseline", ["zero", "mean"])
 def test_matches_an_independent_gate_implementation(family: str, baseline: str) -> None:
+    # two positions: the package runs them in one forward (each row masking the cached
+    # columns at and after its own position), or one each where the family needs it
+    # (GPT-Neo's local attention, MPT's ALiBi)
     model, ids = _model(family), _ids(1)
-    pos, n_steps = SEQ - 1, 4
+    n_steps = 4
     out = IGLens(model, effect="total").attribute_details(ids, baseline, n_steps=n_steps,
-                                                          positions=pos)
-    target = int(out.target[0, 0])
-    credits, values = _independent(model, ids, pos, target, _refs_for(model, ids, pos, baseline),
-                                   n_steps)
-    ends = torch.tensor([values[0], values[-1]])
-    assert torch.allclose(torch.stack([out.p_baseline[0, 0], out.p_final[0, 0]]), ends,
-                          rtol=0, atol=float(_gate_tol(ends).max()))
-    # each credit: n_steps + 1 values and gradients, each within the forwards' rounding
-    tol = (n_steps + 1) * float(_gate_tol(torch.tensor(values)).max()) * 4
-    assert float((out.attributions[0, 0].double() - credits).abs().max()) <= tol
+                                                          positions=[SEQ - 1, SEQ - 4])
+    for j, pos in enumerate(out.positions):
+        target = int(out.target[0, j])
+        credits, values = _independent(model, ids, pos, target,
+                                       _refs_for(model, ids, pos, baseline), n_steps)
+        ends = torch.tensor([values[0], values[-1]])
+        assert torch.allclose(torch.stack([out.p_baseline[0, j], out.p_final[0, j]]), ends,
+                              rtol=0, atol=float(_gate_tol(ends).max()))
+        # each credit: n_steps + 1 values and gradients, each within the forwards' rounding
+        tol = (n_steps + 1) * float(_gate_tol(torch.tensor(values)).max()) * 4
+        assert float((out.attributions[0, j].double() - credits).abs().max()) <= tol
 
 
 def test_a_wrong_gate_site_is_caught_by_the_independent_check() -> None:
