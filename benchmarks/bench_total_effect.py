@@ -103,9 +103,9 @@ def main() -> None:
     print(f"zero reference: |sum total effect - sum readout credits (embedding baseline)| "
           f"max = {float(check.max()):.1e} over {len(answer)} tokens")
     mean = timed[1][2]
-    print(f"mean reference: median delta_p = {float(mean.delta_p.median()):.3f} "
-          f"(p(y) - p(y | every update at i at its mean)); readout default median delta_p = "
-          f"{float(timed[0][2].delta_p.median()):.3f}")
+    print(f"median start: F(0) = {float(mean.p_baseline.median()):.4f} (mean reference), "
+          f"{float(zero.p_baseline.median()):.4f} (zero reference: f(h_0[i])); readout "
+          f"default f(b) = {float(timed[0][2].p_baseline.median()):.4f}")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,20 @@ def _title(fig: Figure, result: IGLensResult) -> None:
     fig.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=_TITLE_PT, multialignment="left")
 
 
+_CREDIT_NAMES = {"total": "total-effect credit", "atp": "AtP estimate (not additive)"}
+_EFFECT_WORDS = {
+    "total": " Total effect: each block's exact share of p(y) - p(y | every gated update at "
+             "the position at its reference), not the logit-lens readout's rise.",
+    "atp": " Attribution patching: first-order estimates of single-block drops; they are not "
+           "a decomposition and need not add up to delta p.",
+}
+
+
+def _credit_name(result: IGLensResult) -> str:
+    """What a cell holds: IG-Lens's readout credit, a total-effect credit or an AtP estimate."""
+    return _CREDIT_NAMES.get(getattr(result, "effect", "readout"), "IG-Lens credit")
+
+
 def _caption(fig: Figure, result: IGLensResult) -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
     text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
@@ -145,6 +159,7 @@ def _caption(fig: Figure, result: IGLensResult) -> None:
     if result.layer_indices and result.layer_indices[0] == 0:
         text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
                  " f(h_0) - f(b), which no decoder block made.")
+    text += _EFFECT_WORDS.get(getattr(result, "effect", "readout"), "")
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
@@ -170,7 +185,7 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
         attr if attr.size else np.zeros((1, k)), cmap="RdBu_r",
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
     )
-    fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
+    fig.colorbar(image, ax=ax, label=label or f"{_credit_name(result)} ({_units(result)})")
     names = layer_labels(result.layer_indices, result.granularity)
     ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
     emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
@@ -182,7 +197,8 @@ def _heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_p
     ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
     ax.set_xlabel("layer" + (" (b→emb: baseline to h_0, set apart)" if emb else ""))
     ax.set_ylabel("answer token")
-    ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
+    ax.set_title(f"{_credit_name(result)} per token and layer\n(□ onset, * not the argmax)",
+                 fontsize=9)
     _onset_boxes(ax, result, row_pt)
 
 

@@ -115,3 +115,14 @@ def test_captum_llm_attribution_with_total_effect(baselines) -> None:
     assert bool((res.baseline_attr == 0).all())
     gap = res.token_attr.double().sum(-1) - (res.output_probs - res.p_baseline).double()
     assert float(gap.abs().max()) <= 4 * torch.finfo(torch.float32).eps
+
+
+def test_plot_names_the_effect() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _, result = _explain("atp")
+    fig = result.plot()
+    texts = [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
+    assert any("AtP estimate (not additive)" in t for t in texts)
+    assert "not a decomposition" in fig._supxlabel.get_text()
