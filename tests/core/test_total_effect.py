@@ -359,3 +359,16 @@ def test_atp_matches_finite_differences_of_the_gate() -> None:
         f_down, _ = _f_and_grad(model, ids, pos, target, down, refs)
         # central difference: error O(h^2 F3) ~ 1e-10 plus rounding eps64 / h ~ 1e-11
         assert abs((f_up - f_down) / (2 * h) - float(out.attributions[0, 0, L])) <= 1e-8
+
+
+def test_captum_convergence_delta_agrees_with_attribute() -> None:
+    model, ids = _model("llama"), _ids(10)
+    lens = IGLens(model, effect="total")
+    attr, delta = lens.attribute(ids, "zero", n_steps=8, positions=[-1, -2],
+                                 return_convergence_delta=True)
+    again = lens.compute_convergence_delta(attr, "zero", ids, positions=[-1, -2])
+    # F(0) and F(1) are re-read in a batch of another size: each within the gate rule
+    out = lens.attribute_details(ids, "zero", n_steps=8, positions=[-1, -2])
+    tol = _gate_tol(out.p_final) + _gate_tol(out.p_baseline) + _completeness_bound(out)
+    assert bool(((again - delta).abs() <= tol).all())
+    assert lens.has_convergence_delta() and lens.effect == "total"
