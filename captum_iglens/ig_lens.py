@@ -144,8 +144,10 @@ class IGLens(LensViews, GradientAttribution):
                 gradients with a discretisation error). ``"atp"``: attribution patching's
                 first-order estimate ``grad_{h_L[i]} F . (u_L[i] - r_L)`` per block (one
                 backward per position), reported with its gap to ``delta_p``: not a
-                decomposition. See :mod:`captum_iglens._core.total_effect`. Blocks only
-                (no embedding, ``granularity="block"``).
+                decomposition. See :mod:`captum_iglens._core.total_effect`. Decoder blocks
+                only (no embedding); with ``granularity="sublayer"`` each sequential
+                block's attention and MLP updates are gated separately (``2k`` credits,
+                :mod:`captum_iglens._core.sublayer_gates`); no head gates yet.
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.

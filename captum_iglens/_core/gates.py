@@ -23,21 +23,13 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
 from captum_iglens.lens.hooks import hidden_of
 from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
+from captum_iglens.lens.sublayer import HalfBlockSite
 
 __all__ = ["GateRows", "gated_values", "with_hidden"]
-
-
-def with_hidden(output: object, hidden: Tensor) -> object:
-    """A decoder block's ``output`` with its residual stream replaced by ``hidden``."""
-    if isinstance(output, Tensor):
-        return hidden
-    if isinstance(output, tuple):
-        return type(output)((hidden, *output[1:]))
-    raise TypeError(f"Cannot replace the residual stream of a block output of type "
-                    f"{type(output)}")
 
 
 @dataclass
@@ -94,6 +86,7 @@ def gated_values(
     model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
     token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
     attention_mask: Tensor, position_id: Optional[Tensor] = None, grad: bool = True,
+    site: Optional[HalfBlockSite] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
 
@@ -110,6 +103,9 @@ def gated_values(
             and its own (last) column.
         position_id (Tensor, optional): ``[R, 1]`` each row's position id.
         grad (bool, optional): Also return ``dF/dg``. Default: True.
+        site (HalfBlockSite, optional): Gate each block's attention and MLP updates
+            separately (:mod:`captum_iglens._core.sublayer_gates`; ``2k`` gates). Default:
+            ``None``, whole blocks.
 
     Returns:
         (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
@@ -124,7 +120,9 @@ def gated_values(
         kwargs["position_ids"] = position_id
     gates = rows.gates.detach().requires_grad_(grad)
     live = GateRows(gates, rows.references, rows.ids, rows.log)
-    with torch.set_grad_enabled(grad), _gate_hooks(blocks, layers, live):
+    hooks = (_gate_hooks(blocks, layers, live) if site is None
+             else sublayer_gate_hooks(blocks, layers, site, live))
+    with torch.set_grad_enabled(grad), hooks:
         logits = model(token, **kwargs).logits[:, -1]
         wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
         log_probs = torch.log_softmax(logits.to(wide), dim=-1)

@@ -9,6 +9,7 @@ updates at the explained positions.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Optional
 
@@ -17,15 +18,12 @@ from torch import Tensor
 
 from captum_iglens._core.pipeline import readout_chunk
 from captum_iglens._core.request import PathRequest
-from captum_iglens.lens.hooks import (
-    capture_residual_stream,
-    check_finite_residuals,
-    forward_with_capture,
-)
+from captum_iglens.lens.hooks import capture_residual_stream, check_finite_residuals
 from captum_iglens.lens.kv_cache import cache_tensors
 from captum_iglens.lens.readout import readout_probs, readout_top_k
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import forward_parameters
+from captum_iglens.lens.sublayer import HalfBlockSite, capture_half_residuals
 
 __all__ = ["CleanTrace", "check_gated_spec", "clean_trace", "lens_levels",
            "GATE_CHECK_EPS"]
@@ -50,9 +48,12 @@ def check_gated_spec(spec: LensSpec, kwargs: dict) -> str:
     if 0 in spec.layer_indices:
         raise ValueError(f"effect={spec.effect!r} gates decoder-block updates; hidden-state "
                          "index 0 (the embedding) is not one: choose blocks 1..n only.")
-    if spec.granularity != "block":
-        raise ValueError(f"effect={spec.effect!r} gates whole blocks; sub-layer and head "
-                         "gates are not implemented yet: use granularity='block'.")
+    site = spec.half_site
+    if spec.heads or (spec.granularity != "block" and (site is None or site.kind != "input")):
+        raise ValueError(f"effect={spec.effect!r} gates whole blocks, or the attention and MLP "
+                         "updates of sequential blocks (granularity='sublayer'); head gates "
+                         "and parallel blocks are not implemented yet: use "
+                         "granularity='block'.")
     extra = sorted(set(kwargs) - _PASSED)
     if extra:
         raise ValueError(f"effect={spec.effect!r} passes only the attention mask and position "
@@ -71,13 +72,15 @@ class CleanTrace:
 
     Attributes:
         layers (tuple of int): The ``k`` gated hidden-state indices.
-        updates (Tensor): ``[B, S, k, d]`` clean block updates ``u_L``.
-        nodes (Tensor): ``[B, P, k, d]`` clean ``h_L`` at the explained positions.
+        updates (Tensor): ``[B, S, k', d]`` clean updates of the gated nodes (``k' = k``
+            blocks, or ``2k``: each block's attention and MLP updates).
+        nodes (Tensor): ``[B, P, k', d]`` clean residuals after each gated node.
         kv (list): Per block ``(keys, values)`` ``[B, heads, S, head_dim]``.
         log_probs (Tensor): ``[B, P, V]`` the model's own log-probabilities (float32+).
         request (PathRequest): The checked inputs.
         cache_kw (str): The forward's cache argument.
         takes_position_ids (bool): Whether the forward takes ``position_ids``.
+        site (HalfBlockSite, optional): Sub-layer gates' half-block site (``None``: blocks).
         reference_updates (Tensor, optional): ``[B, P, k, d]`` updates of reference ids.
     """
 
@@ -90,6 +93,7 @@ class CleanTrace:
     cache_kw: str
     reference_updates: Optional[Tensor] = None
     takes_position_ids: bool = True
+    site: Optional[HalfBlockSite] = None
 
     def group_inputs(self, b: int, columns: list[int], n_points: int) -> dict:
         """Single-position forward inputs of row ``b``'s explained columns, ``n_points`` each.
@@ -152,33 +156,63 @@ class CleanTrace:
         return True
 
 
-def _capture(spec: LensSpec, request: PathRequest, needed: set[int], cache_kw: str
-             ) -> tuple[dict[int, Tensor], list[tuple[Tensor, Tensor]], Tensor]:
-    """One clean forward with its cache: ``h_l`` ``[B, S, d]``, the KV cache, the logits."""
-    inputs = request.input_ids
-    kwargs = {**request.forward_kwargs, "use_cache": True}
+def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int],
+             cache_kw: str, cache: bool) -> tuple[dict[int, Tensor], Optional[list], Tensor]:
+    """One forward of ``ids``: residuals, the KV cache (with ``cache``) and the logits.
+
+    The residuals are ``h_l`` ``[B, S, d]`` and, for sub-layer gates, ``L.attn`` under the
+    key ``("mid", L)``.
+    """
+    kwargs = {**request.forward_kwargs, "use_cache": cache}
     finite: dict[int, Tensor] = {}
-    with torch.no_grad(), capture_residual_stream(
+    half: dict = {}
+    layers = sorted(L for L in needed if L in spec.layer_indices)
+    with ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        states = stack.enter_context(capture_residual_stream(
             spec.decoder_blocks, needed, finite=finite, mask=request.mask,
-            shape=tuple(inputs.shape[:2]), whole=needed) as states:
-        output = spec.model(inputs, **kwargs)
+            shape=tuple(ids.shape[:2]), whole=needed))
+        if spec.half_site is not None:
+            stack.enter_context(capture_half_residuals(spec.decoder_blocks, layers,
+                                                       spec.half_site, half))
+        output = spec.model(ids, **kwargs)
     check_finite_residuals(spec.model, spec.decoder_blocks, finite)
-    cache = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")
+    states.update({("mid", L): h.detach() for L, h in half.items()})
+    if not cache:
+        return states, None, output.logits
+    found = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")
     try:
-        kv = [(k.detach(), v.detach()) for k, v in cache_tensors(cache)]
+        kv = [(k.detach(), v.detach()) for k, v in cache_tensors(found)]
     except (TypeError, AttributeError) as err:
         raise ValueError("The model's cache is not a key-value cache of every block (a "
                          "recurrent or hybrid family?); the total-effect path needs one.") from err
-    if any(k.shape[-2] != inputs.shape[1] for k, _ in kv) or len(kv) != spec.num_layers:
+    if any(k.shape[-2] != ids.shape[1] for k, _ in kv) or len(kv) != spec.num_layers:
         raise ValueError("The model's KV cache does not keep every position of every block "
                          "(a sliding-window cache?); the total-effect path needs the full "
                          "prefix.")
     return states, kv, output.logits
 
 
-def _updates(states: dict[int, Tensor], layers: tuple[int, ...]) -> Tensor:
-    """``[B, S|P, k, d]`` ``h_L - h_{L-1}`` for the chosen blocks."""
-    return torch.stack([states[L] - states[L - 1] for L in layers], dim=2)
+def _updates(states: dict, layers: tuple[int, ...], sublayer: bool) -> Tensor:
+    """``[B, S, k, d]`` ``h_L - h_{L-1}``, or ``[B, S, 2k, d]`` for sub-layer gates.
+
+    Sub-layer: the attention and MLP updates ``L.attn - h_{L-1}`` and ``h_L - L.attn`` of
+    each block in turn.
+    """
+    if not sublayer:
+        return torch.stack([states[L] - states[L - 1] for L in layers], dim=2)
+    parts = []
+    for L in layers:
+        mid = states[("mid", L)].to(states[L])
+        parts += [mid - states[L - 1], states[L] - mid]
+    return torch.stack(parts, dim=2)
+
+
+def _nodes(states: dict, layers: tuple[int, ...], sublayer: bool) -> list[Tensor]:
+    """The gated nodes' clean residuals ``[B, S, d]`` (sub-layer: ``L.attn`` then ``h_L``)."""
+    if not sublayer:
+        return [states[L] for L in layers]
+    return [h for L in layers for h in (states[("mid", L)].to(states[L]), states[L])]
 
 
 def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
@@ -190,24 +224,26 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
     """
     cache_kw = check_gated_spec(spec, request.forward_kwargs)
     layers = tuple(spec.layer_indices)
+    sub = spec.granularity == "sublayer"
     needed = set(layers) | {L - 1 for L in layers}
-    states, kv, logits = _capture(spec, request, needed, cache_kw)
+    states, kv, logits = _forward(spec, request.input_ids, request, needed, cache_kw, True)
     pos = request.positions
     if logits.shape[1] == request.seq_len:
         logits = logits[:, pos]
     wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
     ref = None
     if request.reference_ids is not None:
-        ref_states, _ = forward_with_capture(spec.model, spec.decoder_blocks,
-                                             request.reference_ids, request.forward_kwargs,
-                                             needed, None, request.mask, pos)
-        ref = _updates(ref_states, layers)
+        ref_states, _, _ = _forward(spec, request.reference_ids, request, needed, cache_kw,
+                                    False)
+        ref = _updates(ref_states, layers, sub)[:, pos]
+    assert kv is not None
     return CleanTrace(
-        layers=layers, updates=_updates(states, layers),
-        nodes=torch.stack([states[L][:, pos] for L in layers], dim=2), kv=kv,
+        layers=layers, updates=_updates(states, layers, sub),
+        nodes=torch.stack([h[:, pos] for h in _nodes(states, layers, sub)], dim=2), kv=kv,
         log_probs=torch.log_softmax(logits.detach().to(wide), dim=-1), request=request,
         cache_kw=cache_kw, reference_updates=ref,
-        takes_position_ids="position_ids" in forward_parameters(spec.model))
+        takes_position_ids="position_ids" in forward_parameters(spec.model),
+        site=spec.half_site if sub else None)
 
 
 def lens_levels(spec: LensSpec, clean: CleanTrace, ids: Tensor,

@@ -56,7 +56,7 @@ def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tens
 def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int],
                    refs: Tensor, ids: Tensor, alphas: Tensor) -> tuple[Tensor, Tensor]:
     """``F`` ``[C, N]`` and ``dF/dg`` ``[C, N, k]`` of row ``b``'s ``C`` columns, one forward."""
-    n_points, k = alphas.shape[0], len(clean.layers)
+    n_points, k = alphas.shape[0], refs.shape[2]
     gate_dtype = spec.dtype if spec.dtype.is_floating_point else torch.float32
     gates = alphas.to(device=refs.device, dtype=gate_dtype)[:, None].expand(n_points, k)
     rows = GateRows(gates.repeat(len(columns), 1),
@@ -67,7 +67,7 @@ def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int]
     values, grads = gated_values(
         spec.model, spec.decoder_blocks, clean.layers, rows, token=inputs["token"],
         kv=inputs["kv"], cache_kw=clean.cache_kw, attention_mask=inputs["attention_mask"],
-        position_id=inputs["position_id"])
+        position_id=inputs["position_id"], site=clean.site)
     assert grads is not None
     return values.view(len(columns), n_points), grads.view(len(columns), n_points, k)
 
@@ -79,7 +79,7 @@ def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, metho
     alphas, weights = path_points(method, n_steps, effect)
     batch, n_pos = ids.shape[:2]
     dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
-    credits = torch.full((batch, n_pos, len(clean.layers)), float("nan"), dtype=dtype)
+    credits = torch.full((batch, n_pos, refs.shape[2]), float("nan"), dtype=dtype)
     start = torch.full((batch, n_pos), float("nan"), dtype=dtype)
     end = start.clone()
     per_group = max(1, rows_per_forward // alphas.shape[0])
@@ -153,7 +153,8 @@ def run_total(
     out = IGLensOutput(
         attributions=credits, convergence_delta=credits.double().sum(-1).to(credits.dtype)
         - (end - start), lens_probs=levels, p_final=end, p_baseline=start,
-        target=tgt, positions=request.positions, layer_indices=spec.layer_indices,
+        target=tgt, positions=request.positions, layer_indices=spec.node_indices,
+        granularity=spec.granularity,
         baseline=name, model_argmax=argmax, units=spec.units, contrast=foil,
         effect=spec.effect, method="atp" if spec.effect == "atp" else method,
         n_steps=1 if spec.effect == "atp" else int(n_steps))

@@ -111,7 +111,7 @@ def add_effect_option(parser: argparse.ArgumentParser) -> None:
     """``--effect``: readout credits (default), total-effect credits or attribution patching.
 
     With ``total`` or ``atp``, ``--baseline`` names the gates' reference (``mean`` or
-    ``zero``; ``embedding`` is refused) and sub-layer nodes are refused.
+    ``zero``; ``embedding`` is refused) and ``--heads`` is refused.
     """
     from captum_iglens.settings import DEFAULT_EFFECT, EFFECTS
 
@@ -134,9 +134,8 @@ def _check_effect(args: argparse.Namespace) -> None:
     if args.baseline not in ("mean", "zero"):
         raise UsageError(f"--effect {effect} gates block updates: --baseline must be mean or "
                          f"zero (the update's reference), not {args.baseline}")
-    if args.granularity != "block" or getattr(args, "heads", False):
-        raise UsageError(f"--effect {effect} gates whole blocks: drop --granularity sublayer "
-                         "and --heads")
+    if getattr(args, "heads", False):
+        raise UsageError(f"--effect {effect} has no head gates yet: drop --heads")
 
 
 def _check_method_steps(args: argparse.Namespace) -> None:

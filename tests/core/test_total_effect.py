@@ -372,3 +372,96 @@ def test_captum_convergence_delta_agrees_with_attribute() -> None:
     tol = _gate_tol(out.p_final) + _gate_tol(out.p_baseline) + _completeness_bound(out)
     assert bool(((again - delta).abs() <= tol).all())
     assert lens.has_convergence_delta() and lens.effect == "total"
+
+
+# ------------------------------------------------------------------ sub-layer gates
+_HALF = {"llama": "post_attention_layernorm", "gpt2": "ln_2", "opt": "final_layer_norm"}
+
+
+def _sub_f_and_grad(model: nn.Module, family: str, ids: Tensor, pos: int, target: int,
+                    gates: Tensor, refs: Tensor) -> tuple[float, Tensor]:
+    """Full-sequence sub-layer gates: ``gates``/``refs`` ``[2n]`` (attention, MLP per block).
+
+    The MLP's pre-norm gets the gated half residual; the block output is rebuilt as the gated
+    half residual plus the gated MLP update (the MLP update read as output minus the ungated
+    half residual the block added it to).
+    """
+    gates = gates.clone().requires_grad_(True)
+    blocks = resolve_decoder_blocks(model)
+    seen: dict = {}
+    handles = []
+    for layer, block in enumerate(blocks):
+        a, m = 2 * layer, 2 * layer + 1
+
+        def pre_block(_m, args, kwargs, layer=layer):
+            seen[("in", layer)] = args[0] if args else kwargs["hidden_states"]
+
+        def pre_half(_m, args, kwargs, layer=layer, a=a):
+            mid = args[0] if args else kwargs["hidden_states"]
+            flat = mid.dim() == 2
+            mid3 = mid.reshape(seen[("in", layer)].shape)
+            before = seen[("in", layer)][:, pos]
+            gated = before + refs[a] + gates[a] * (mid3[:, pos] - before - refs[a])
+            seen[("mid", layer)], seen[("old", layer)] = gated, mid3[:, pos]
+            new = mid3.clone()
+            new[:, pos] = gated
+            new = new.reshape(mid.shape) if flat else new
+            return ((new, *args[1:]), kwargs) if args else (args, {**kwargs,
+                                                                   "hidden_states": new})
+
+        def post(_m, _a, output, layer=layer, m=m):
+            hidden = hidden_of(output).clone()
+            mlp = hidden[:, pos] - seen[("old", layer)]
+            mid = seen[("mid", layer)]
+            hidden[:, pos] = mid + refs[m] + gates[m] * (mlp - refs[m])
+            return hidden if isinstance(output, Tensor) else (hidden, *output[1:])
+        handles.append(block.register_forward_pre_hook(pre_block, with_kwargs=True))
+        handles.append(getattr(block, _HALF[family]).register_forward_pre_hook(
+            pre_half, with_kwargs=True))
+        handles.append(block.register_forward_hook(post))
+    try:
+        logits = model(ids).logits[0, pos]
+    finally:
+        for handle in handles:
+            handle.remove()
+    value = torch.log_softmax(logits.float(), -1)[target].exp()
+    (grad,) = torch.autograd.grad(value, gates)
+    return float(value.detach()), grad.detach()
+
+
+@pytest.mark.parametrize("family", sorted(_HALF))
+def test_sublayer_gates_match_an_independent_implementation(family: str) -> None:
+    model, ids = _model(family), _ids(11)
+    n_steps, pos = 4, SEQ - 1
+    lens = IGLens(model, effect="total", granularity="sublayer")
+    out = lens.attribute_details(ids, "zero", n_steps=n_steps, positions=[pos, pos - 2])
+    assert out.layer_indices == (1, 2, 3, 4) and out.granularity == "sublayer"
+    assert bool((out.convergence_delta.abs() <= _completeness_bound(out)).all())
+    n = len(resolve_decoder_blocks(model))
+    refs = torch.zeros(2 * n, _clean_stream(model, ids)[0].shape[-1])
+    for j, p in enumerate(out.positions):
+        points = [_sub_f_and_grad(model, family, ids, p, int(out.target[0, j]),
+                                  torch.full((2 * n,), t / n_steps), refs)
+                  for t in range(n_steps + 1)]
+        credits = torch.zeros(2 * n, dtype=torch.float64)
+        for (f0, g0), (f1, g1) in zip(points[:-1], points[1:], strict=True):
+            term = (g0.double() + g1.double()) / 2 / n_steps
+            weight = term.abs()
+            credits += term + ((f1 - f0) - float(term.sum())) * weight / weight.sum()
+        values = torch.tensor([f for f, _ in points])
+        tol = (n_steps + 1) * float(_gate_tol(values).max()) * 4
+        assert float((out.attributions[0, j].double() - credits).abs().max()) <= tol
+    # the whole-block gates reach the same F(1); with every update removed, F(0) = f(h_0)
+    block = IGLens(model, effect="total").attribute_details(ids, "zero", n_steps=2,
+                                                            positions=[pos, pos - 2])
+    assert bool(((out.p_final - block.p_final).abs() <= 2 * _gate_tol(block.p_final)).all())
+    assert bool(((out.p_baseline - block.p_baseline).abs()
+                 <= 2 * _gate_tol(block.p_baseline)).all())
+
+
+def test_sublayer_gates_refuse_parallel_blocks_and_heads() -> None:
+    with pytest.raises(ValueError, match="parallel blocks"):
+        IGLens(_model("gptj"), effect="total", granularity="sublayer").attribute(_ids(), "zero")
+    with pytest.raises(ValueError, match="head gates"):
+        IGLens(_model("llama"), effect="total", granularity="sublayer",
+               heads=True).attribute(_ids(), "zero")

@@ -76,7 +76,7 @@ def test_cli_explain_effect_writes_it_to_json(effect, tiny_load, tmp_path, capsy
 
 @pytest.mark.parametrize("extra, message", [
     (["--baseline", "embedding"], "--baseline must be mean or zero"),
-    (["--granularity", "sublayer"], "gates whole blocks"),
+    (["--granularity", "sublayer", "--heads", "--json", "x.json"], "no head gates yet"),
 ])
 def test_cli_effect_refusals(extra, message, tiny_load, capsys) -> None:
     assert main(["explain", "--effect", "total", *extra, PROMPT]) == 2
