@@ -126,3 +126,21 @@ def test_plot_names_the_effect() -> None:
     texts = [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
     assert any("AtP estimate (not additive)" in t for t in texts)
     assert "not a decomposition" in fig._supxlabel.get_text()
+
+
+def test_summarize_labels_atp_and_keeps_effects_apart(tiny_load, tmp_path, capsys) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n")
+    outs = {}
+    for effect in ("atp", "readout"):
+        outs[effect] = tmp_path / f"{effect}.jsonl"
+        assert main(["run", "--input", str(source), "--output", str(outs[effect]),
+                     "--max-new-tokens", "2", "--no-chat-template", "--no-progress",
+                     "--effect", effect]) == 0
+    capsys.readouterr()
+    assert main(["summarize", str(outs["atp"])]) == 0
+    assert "not a decomposition" in capsys.readouterr().out
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(outs["atp"].read_text() + outs["readout"].read_text())
+    assert main(["summarize", "--allow-mixed-runs", str(mixed)]) != 0
+    assert "not comparable" in capsys.readouterr().err
