@@ -62,20 +62,25 @@ def causal_update_mean(updates: Tensor, positions: Sequence[int], mask: Optional
     cols = torch.arange(seq_len, device=updates.device).expand(batch, seq_len)
     first_real = (weight > 0).long().argmax(-1, keepdim=True)
     weight = weight * (cols != starts) * (cols != first_real)  # sinks and padding out
-    out = updates.new_empty(batch, len(positions), *updates.shape[2:])
-    for b in range(batch):
-        for j, pos in enumerate(positions):
-            start = int(starts[b, pos])
-            w = weight[b, start:pos]
-            if float(w.sum()) == 0.0:
-                raise ValueError(
-                    f"The 'mean' reference at position {pos} of row {b} averages the block "
-                    "updates of the earlier positions of its document, leaving out the first "
-                    "(the attention sink), and there are none: explain a later position, or "
-                    "use baselines='zero' or reference token ids.")
-            total = (updates[b, start:pos].double() * w[:, None, None]).sum(0)
-            out[b, j] = (total / w.sum()).to(updates.dtype)
-    return out
+    # running sums over the columns (float64), read at [start, i): sum(< i) - sum(< start)
+    zero = updates.new_zeros(batch, 1, *updates.shape[2:], dtype=torch.float64)
+    total = torch.cat([zero, (updates.double() * weight[..., None, None]).cumsum(1)], dim=1)
+    count = torch.cat([weight.new_zeros(batch, 1), weight.cumsum(1)], dim=1)
+    pos = torch.tensor(list(positions), device=updates.device).expand(batch, -1)
+    start = starts.gather(1, pos)
+    n = count.gather(1, pos) - count.gather(1, start)
+    empty = (n == 0).nonzero()
+    if empty.numel():
+        b, j = empty[0].tolist()
+        raise ValueError(
+            f"The 'mean' reference at position {positions[j]} of row {b} averages the block "
+            "updates of the earlier positions of its document, leaving out the first (the "
+            "attention sink), and there are none: explain a later position, or use "
+            "baselines='zero' or reference token ids.")
+    index = (slice(None), slice(None), *([None] * (updates.dim() - 2)))
+    ends = [t.gather(1, i[index].expand(-1, -1, *updates.shape[2:]))
+            for t, i in ((total, pos), (total, start))]
+    return ((ends[0] - ends[1]) / n[index]).to(updates.dtype)
 
 
 def reference_updates(baselines: object, updates: Tensor, reference: Optional[Tensor],

@@ -465,3 +465,24 @@ def test_sublayer_gates_refuse_parallel_blocks_and_heads() -> None:
     with pytest.raises(ValueError, match="head gates"):
         IGLens(_model("llama"), effect="total", granularity="sublayer",
                heads=True).attribute(_ids(), "zero")
+
+
+def test_causal_update_mean_equals_a_position_by_position_mean() -> None:
+    from captum_iglens._core.total_refs import causal_update_mean
+
+    gen = torch.Generator().manual_seed(0)
+    updates = torch.randn(2, 9, 3, 5, generator=gen)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :2] = 0  # left padding in row 1
+    # row 0 packs two documents (positions restart at column 4); row 1 is one document
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4], [0, 0, 0, 1, 2, 3, 4, 5, 6]])
+    positions = [6, 8]  # row 0: document 2 only (columns 5..), never document 1
+    got = causal_update_mean(updates, positions, mask, position_ids)
+    first = {0: [0, 4], 1: [2]}  # each document's first real column: the sink, left out
+    for b in range(2):
+        for j, pos in enumerate(positions):
+            begin = max(s for s in first[b] if s <= pos)
+            want = updates[b, begin + 1:pos].double().mean(0)
+            # both accumulate in float64 and round once to float32
+            assert bool(((got[b, j].double() - want).abs()
+                         <= EPS * want.abs() + 1e-12).all()), (b, pos)
