@@ -61,7 +61,8 @@ class IGLens(LensViews, GradientAttribution):
     What IG-Lens measures is a conditional marginal: the extra probability that the final
     norm and unembedding can read out of ``h_L`` beyond the previous chosen layer. It is not
     the total causal effect of block ``L`` through the blocks above it; ablating the block
-    measures that.
+    measures that, and ``effect="total"`` splits it exactly (``effect="atp"``: attribution
+    patching's first-order estimate).
 
     The default estimator, ``"prediction_aware"`` (IDGI-style), credits each segment its
     observed change in ``f``: the whole token x layer map costs ``T * (k + 1)`` readouts and
