@@ -20,6 +20,7 @@ from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.lens_views import LensViews
 from captum_iglens._core.pipeline import delta_of, run_lens
 from captum_iglens._core.sublayer_path import run_granular
+from captum_iglens._core.total_effect import run_total
 from captum_iglens._utils.typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.architectures import (
     vocab_size,
@@ -30,6 +31,7 @@ from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
+    DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
@@ -59,7 +61,8 @@ class IGLens(LensViews, GradientAttribution):
     What IG-Lens measures is a conditional marginal: the extra probability that the final
     norm and unembedding can read out of ``h_L`` beyond the previous chosen layer. It is not
     the total causal effect of block ``L`` through the blocks above it; ablating the block
-    measures that.
+    measures that, and ``effect="total"`` splits it exactly (``effect="atp"``: attribution
+    patching's first-order estimate).
 
     The default estimator, ``"prediction_aware"`` (IDGI-style), credits each segment its
     observed change in ``f``: the whole token x layer map costs ``T * (k + 1)`` readouts and
@@ -86,6 +89,7 @@ class IGLens(LensViews, GradientAttribution):
         units: str = DEFAULT_UNITS,
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
+        effect: str = DEFAULT_EFFECT,
     ) -> None:
         r"""Build IG-Lens for a causal LM and its chosen layers.
 
@@ -125,18 +129,39 @@ class IGLens(LensViews, GradientAttribution):
                 ``n_steps``; one backward pass per step, ``n_steps + 1`` steps per attention
                 segment). ``attribute_details`` then fills ``head_credits`` and
                 ``head_rest``. Llama-like families only. Default: False.
+            effect (str, optional): What a credit measures. ``"readout"`` (default, the
+                paper's: what the final norm and unembedding read out of ``h_L`` beyond the
+                previous chosen layer). ``"total"``: each chosen block's exact share of the
+                change of the model's own ``p(y)`` at the explained position ``i`` when every
+                chosen block's update there goes to its reference: gates
+                ``h_L[i] = h_{L-1}[i] + r_L + g_L (u_L[i] - r_L)`` (``u_L`` computed from the
+                gated stream) integrated along ``g = a * 1``; the credits add up to
+                ``F(1) - F(0)``. ``baselines`` then names the reference ``r_L``: ``"mean"``
+                (the causal running mean of the update over the earlier positions of the
+                document, its first position left out), ``"zero"`` (``F(0) = f(h_0[i])`` with
+                every block chosen) or reference token ids (their update at ``i``); and
+                ``method`` the estimator (``"prediction_aware"``: each step's observed change
+                split among the blocks, exact at any ``n_steps``; Captum's rules: integrated
+                gradients with a discretisation error). ``"atp"``: attribution patching's
+                first-order estimate ``grad_{h_L[i]} F . (u_L[i] - r_L)`` per block (one
+                backward per position), reported with its gap to ``delta_p``: not a
+                decomposition. See :mod:`captum_iglens._core.total_effect`. Decoder blocks
+                only (no embedding); with ``granularity="sublayer"`` each sequential
+                block's attention and MLP updates are gated separately (``2k`` credits,
+                :mod:`captum_iglens._core.sublayer_gates`); no head gates yet.
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
             ValueError: a layer out of range, given twice, or not a decoder block; an
-                unknown ``granularity``; ``heads=True`` without ``granularity="sublayer"``.
+                unknown ``granularity`` or ``effect``; ``heads=True`` without
+                ``granularity="sublayer"``.
             TypeError: a layer of another type (e.g. a string other than ``"all"``).
             SublayerUnsupportedError: ``granularity="sublayer"`` (or ``heads=True``) for a
                 family whose half-block residual (or head split) is not known; the message
                 names the family and what to use instead.
         """
         self.spec = LensSpec.from_model(model, layers, readout, decoder_blocks, check_readout,
-                                        units, granularity, heads)
+                                        units, granularity, heads, effect)
         GradientAttribution.__init__(self, self.spec.model)
 
     @classmethod
@@ -146,7 +171,9 @@ class IGLens(LensViews, GradientAttribution):
 
     @property
     def _run(self) -> Callable[..., tuple[IGLensOutput, bool]]:
-        """The pipeline of this granularity (block: the one every earlier release ran)."""
+        """The pipeline of this effect and granularity (block readout: every release's)."""
+        if self.spec.effect != DEFAULT_EFFECT:
+            return run_total
         return run_lens if self.granularity == "block" else run_granular
 
     # ------------------------------------------------------------------ public API

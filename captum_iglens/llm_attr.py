@@ -70,8 +70,12 @@ class LLMIGLensAttribution(LLMGradientAttribution):
     out of the layer columns (it would otherwise sit in the first layer's column and be the
     largest bar of ``plot_seq_attr``); each row of ``token_attr`` alone adds up to
     ``F(x)``, the ``output_probs``. ``baselines="mean"`` (or any :meth:`IGLens.attribute`
-    baseline) overrides the reference. With any of Captum's own methods the behaviour is
-    Captum's unchanged.
+    baseline) overrides the reference. With ``IGLens(model, effect="total")`` the credits
+    are total effects gated from the reference prompt's block updates at each target
+    position (``baselines="mean"`` or ``"zero"`` for the other references): they add up to
+    ``output_probs - p_baseline`` with ``baseline_attr = 0``; ``effect="atp"`` gives
+    attribution patching's estimates, which do not add up. ``result.effect`` says which.
+    With any of Captum's own methods the behaviour is Captum's unchanged.
 
     Args:
         attr_method (IGLens or a Captum gradient method): the attribution to wrap.
@@ -161,8 +165,11 @@ class LLMIGLensAttribution(LLMGradientAttribution):
                                      **passed)
         attributions = out.attributions[0].detach().float().cpu()
         p_baseline = out.p_baseline[0].detach().float().cpu()
-        token_attr, baseline_attr = split_baseline_readout(attributions, p_baseline)
-        return IGLensLLMAttributionResult(
+        if out.effect == "readout":
+            token_attr, baseline_attr = split_baseline_readout(attributions, p_baseline)
+        else:  # gated block credits: no path start to set apart, nothing else in column 0
+            token_attr, baseline_attr = attributions, torch.zeros_like(p_baseline)
+        result = IGLensLLMAttributionResult(
             input_tokens=layer_names(out.layer_indices, out.granularity),
             output_tokens=convert_ids_to_pretty_tokens(target_tokens.cpu(), self.tokenizer),
             seq_attr=token_attr.sum(0),
@@ -175,6 +182,8 @@ class LLMIGLensAttribution(LLMGradientAttribution):
             baseline=out.baseline,
             units=out.units,
         )
+        result.effect = out.effect
+        return result
 
 
 def _without_appended_end(tokenizer: Any, ids: list[int]) -> int:

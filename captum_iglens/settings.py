@@ -20,6 +20,7 @@ __all__ = [
     "CAPTUM_METHODS",
     "DEFAULT_BASELINE",
     "DEFAULT_CHUNK",
+    "DEFAULT_EFFECT",
     "DEFAULT_GRANULARITY",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_MAX_RECORDS",
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_ONSET_FRAC",
     "DEFAULT_ONSET_RULE",
     "DEFAULT_UNITS",
+    "EFFECTS",
     "GRANULARITIES",
     "METHODS",
     "ONSET_RULES",
@@ -61,6 +63,13 @@ DEFAULT_UNITS = "probability"
 #: MLP (``"sublayer"``: attention and MLP credits that add up to the block's).
 GRANULARITIES: tuple[str, ...] = ("block", "sublayer")
 DEFAULT_GRANULARITY = "block"
+#: What a credit measures: ``"readout"`` (the paper's: what the final norm and unembedding
+#: read out of ``h_L`` beyond ``h_{L-1}``), ``"total"`` (the block's exact share of the
+#: change of the model's own ``p(y)`` when every chosen update at the explained position
+#: goes to its reference: gates integrated along one line) or ``"atp"`` (attribution
+#: patching, the first-order estimate of each block's single-update removal: not additive).
+EFFECTS: tuple[str, ...] = ("readout", "total", "atp")
+DEFAULT_EFFECT = "readout"
 #: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
 ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
 DEFAULT_ONSET_RULE = "sustained"

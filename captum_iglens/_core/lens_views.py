@@ -43,6 +43,7 @@ class LensViews:
                              doc="The chosen hidden-state indices ``L_1 < ... < L_k = n``.")
     units = property(lambda self: self.spec.units, doc="The decomposed readout's units.")
     granularity = property(lambda self: self.spec.granularity, doc="``block`` or ``sublayer``.")
+    effect = property(lambda self: self.spec.effect, doc="``readout``, ``total`` or ``atp``.")
     heads = property(lambda self: self.spec.heads, doc="Per-head attention credits.")
     half_site = property(lambda self: self.spec.half_site, doc="Where ``L.attn`` lives.")
     head_site = property(lambda self: self.spec.head_site, doc="Where the heads meet.")

@@ -110,6 +110,37 @@ def add_estimator_options(
                         default=None, help=batch_help)
 
 
+def add_effect_option(parser: argparse.ArgumentParser) -> None:
+    """``--effect``: readout credits (default), total-effect credits or attribution patching.
+
+    With ``total`` or ``atp``, ``--baseline`` names the gates' reference (``mean`` or
+    ``zero``; ``embedding`` is refused) and ``--heads`` is refused.
+    """
+    from captum_iglens.settings import DEFAULT_EFFECT, EFFECTS
+
+    parser.add_argument(
+        "--effect", choices=EFFECTS, default=DEFAULT_EFFECT,
+        help=f"what a credit measures (default: {DEFAULT_EFFECT}, what the final norm and "
+        "unembedding read out of each block's output); total: each block's exact share of "
+        "the change of p(token) when every block's update at the token's position goes to "
+        "its reference (--baseline mean or zero); atp: attribution patching's first-order "
+        "estimate per block (not a decomposition)")
+    add_check(parser, _check_effect)
+
+
+def _check_effect(args: argparse.Namespace) -> None:
+    from captum_iglens.settings import DEFAULT_EFFECT
+
+    effect = args.effect
+    if effect == DEFAULT_EFFECT:
+        return
+    if args.baseline not in ("mean", "zero"):
+        raise UsageError(f"--effect {effect} gates block updates: --baseline must be mean or "
+                         f"zero (the update's reference), not {args.baseline}")
+    if getattr(args, "heads", False):
+        raise UsageError(f"--effect {effect} has no head gates yet: drop --heads")
+
+
 def _check_method_steps(args: argparse.Namespace) -> None:
     from captum_iglens.settings import CAPTUM_METHODS
 

@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layer_opts.add_layer_options(parser)
     layer_opts.add_granularity_options(parser)
     opts.add_estimator_options(parser)
+    opts.add_effect_option(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
     opts.add_output_options(
@@ -172,6 +173,7 @@ def _explainer(
             contrast=args.contrast,
             granularity=args.granularity,
             heads=args.heads,
+            effect=args.effect,
         )
 
     def _print(result: Any, prompt: str) -> None:

@@ -26,7 +26,14 @@ from captum_iglens.lens.layers import resolve_layer_indices
 from captum_iglens.lens.readout import resolve_readout
 from captum_iglens.lens.state import execution_device, model_dtype
 from captum_iglens.lens.sublayer import HalfBlockSite, HeadSite, half_block_site, head_site
-from captum_iglens.settings import DEFAULT_GRANULARITY, DEFAULT_UNITS, GRANULARITIES, UNITS
+from captum_iglens.settings import (
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    DEFAULT_UNITS,
+    EFFECTS,
+    GRANULARITIES,
+    UNITS,
+)
 
 __all__ = ["LensSpec", "check_granularity", "sublayer_node_indices"]
 
@@ -50,6 +57,7 @@ class LensSpec:
         heads (bool): Split sub-layer attention credits over the heads.
         half_site (HalfBlockSite, optional): Where ``L.attn`` lives (sub-layer only).
         head_site (HeadSite, optional): Where the heads meet (``heads=True`` only).
+        effect (str): What a credit measures: ``"readout"``, ``"total"`` or ``"atp"``.
     """
 
     model: nn.Module = field(repr=False)
@@ -63,6 +71,7 @@ class LensSpec:
     heads: bool = False
     half_site: Optional[HalfBlockSite] = None
     head_site: Optional[HeadSite] = None
+    effect: str = DEFAULT_EFFECT
 
     @classmethod
     def from_model(
@@ -75,6 +84,7 @@ class LensSpec:
         units: str = DEFAULT_UNITS,
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
+        effect: str = DEFAULT_EFFECT,
     ) -> LensSpec:
         """Locate the blocks and readout, resolve the layers and check every setting.
 
@@ -83,7 +93,8 @@ class LensSpec:
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
             ValueError: a layer out of range, given twice or not a decoder block; unknown
-                ``units`` or ``granularity``; ``heads=True`` without sub-layer nodes.
+                ``units``, ``granularity`` or ``effect``; ``heads=True`` without sub-layer
+                nodes.
             TypeError: a layer of another type.
             SublayerUnsupportedError: sub-layer nodes (or heads) for a family whose
                 half-block residual (or head split) is not known.
@@ -91,6 +102,8 @@ class LensSpec:
         check_granularity(granularity, heads)
         if units not in UNITS:
             raise ValueError(f"units={units!r}: use one of {UNITS}.")
+        if effect not in EFFECTS:
+            raise ValueError(f"effect={effect!r}: use one of {EFFECTS}.")
         model = strip_parallel(model)
         blocks = decoder_blocks if decoder_blocks is not None else resolve_decoder_blocks(model)
         located = readout is None
@@ -102,7 +115,7 @@ class LensSpec:
             structure=ModelStructure.of(model, blocks, readout, located=located),
             units=units, check_readout=check_readout, granularity=granularity, heads=heads,
             half_site=half_block_site(model, blocks) if sub else None,
-            head_site=head_site(model, blocks) if heads else None,
+            head_site=head_site(model, blocks) if heads else None, effect=effect,
         )
 
     @property
@@ -144,7 +157,7 @@ class LensSpec:
     @property
     def recordable(self) -> bool:
         """Whether residuals recorded while generating can serve the path (block nodes)."""
-        return self.granularity == "block"
+        return self.granularity == "block" and self.effect == DEFAULT_EFFECT
 
 
 def check_granularity(granularity: object, heads: object) -> None:

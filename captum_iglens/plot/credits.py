@@ -121,6 +121,14 @@ def _title(fig: Figure, result: IGLensResult) -> None:
     fig.suptitle("\n".join(lines), x=0.01, ha="left", fontsize=_TITLE_PT, multialignment="left")
 
 
+_EFFECT_WORDS = {
+    "total": " Total effect: each block's exact share of p(y) - p(y | every gated update at "
+             "the position at its reference), not the logit-lens readout's rise.",
+    "atp": " Attribution patching: first-order estimates of single-block drops; they are not "
+           "a decomposition and need not add up to delta p.",
+}
+
+
 def _caption(fig: Figure, result: IGLensResult, display: str = "credit") -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
     text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
@@ -132,6 +140,7 @@ def _caption(fig: Figure, result: IGLensResult, display: str = "credit") -> None
         text += (" b→emb (left of the line): the move from the baseline to the embedding output,"
                  " f(h_0) - f(b), which no decoder block made.")
     text += _span_note(result) + start_note(result, display)
+    text += _EFFECT_WORDS.get(getattr(result, "effect", "readout"), "")
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)

@@ -107,6 +107,14 @@ def _start_cells(ax: Any, values: np.ndarray, row_pt: float) -> None:
                 color="black", clip_on=True)
 
 
+_CREDIT_NAMES = {"total": "total-effect credit", "atp": "AtP estimate (not additive)"}
+
+
+def credit_name(result: IGLensResult) -> str:
+    """What a cell holds: IG-Lens's readout credit, a total-effect credit or an AtP estimate."""
+    return _CREDIT_NAMES.get(getattr(result, "effect", "readout"), "IG-Lens credit")
+
+
 def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
                  label: str = "", col_pt: float = 72.0 * _COLUMN_IN,
                  log_view: bool = False) -> None:
@@ -136,7 +144,7 @@ def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, r
         shown, cmap=credit_colormap().with_extremes(bad=START_GREY),
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
     )
-    fig.colorbar(image, ax=ax, label=label or f"IG-Lens credit ({_units(result)})")
+    fig.colorbar(image, ax=ax, label=label or f"{credit_name(result)} ({_units(result)})")
     step = _layer_ticks(ax, layer_labels(result.layer_indices, result.granularity), col_pt)
     emb = bool(result.layer_indices) and result.layer_indices[0] == 0 and k > 1
     if emb or apart:
@@ -146,7 +154,8 @@ def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, r
     _token_ticks(ax, result, row_pt)
     ax.set_xlabel(_x_words(result, emb, apart, step))
     ax.set_ylabel("answer token")
-    ax.set_title("IG-Lens credit per token and layer\n(□ onset, * not the argmax)", fontsize=9)
+    ax.set_title(f"{credit_name(result)} per token and layer\n(□ onset, * not the argmax)",
+                 fontsize=9)
     _onset_boxes(ax, result, row_pt)
 
 

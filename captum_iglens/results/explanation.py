@@ -12,6 +12,7 @@ from torch import Tensor
 from captum_iglens._utils.format import layer_names
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
+    DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
@@ -77,6 +78,11 @@ class IGLensResult:
             ``"layer_names"``).
         head_credits (Tensor, optional): ``[T, A, H]`` per-head credits of the attention
             segments (``heads=True``); ``head_rest`` ``[T, A]`` what the heads do not hold.
+        effect (str): ``"readout"`` (IG-Lens's readout credits), ``"total"`` (total-effect
+            credits: each block's exact share of ``p_final - p_baseline``, ``p_baseline``
+            the probability with every chosen update at its reference) or ``"atp"``
+            (attribution patching's estimates: not a decomposition; ``convergence_delta``
+            is their gap to ``delta_p``).
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -120,6 +126,7 @@ class IGLensResult:
     granularity: str = DEFAULT_GRANULARITY
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
+    effect: str = DEFAULT_EFFECT
 
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
@@ -190,6 +197,20 @@ class IGLensResult:
             ]
         return entry
 
+    @property
+    def delta_meaning(self) -> str:
+        """What ``convergence_delta`` is: a completeness error, or AtP's gap to ``delta_p``."""
+        if self.effect == "atp":
+            return ("sum of first-order estimates - delta_p: attribution patching is an "
+                    "estimate, not a decomposition; this gap is not an error")
+        return "sum of credits - delta_p (completeness error)"
+
+    def _effect_fields(self) -> dict[str, Any]:
+        """``effect`` and ``delta_meaning`` for JSON (readout results: none, as before)."""
+        if self.effect == DEFAULT_EFFECT:
+            return {}
+        return {"effect": self.effect, "delta_meaning": self.delta_meaning}
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: settings, ``input_ids``, and one entry per answer token.
 
@@ -221,6 +242,7 @@ class IGLensResult:
             "completeness_max_abs_error": self.completeness_error,
             **({} if self.granularity == "block" else
                {"granularity": self.granularity, "layer_names": self.layer_names}),
+            **self._effect_fields(),
             **self.extras,
         }
 

@@ -7,7 +7,12 @@ from typing import Optional
 
 from torch import Tensor
 
-from captum_iglens.settings import DEFAULT_BASELINE, DEFAULT_GRANULARITY, DEFAULT_UNITS
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    DEFAULT_UNITS,
+)
 
 __all__ = ["IGLensOutput"]
 
@@ -55,6 +60,14 @@ class IGLensOutput:
             baseline for the first chosen block, skipped blocks between chosen layers), and
             rounding;
             ``head_credits.sum(-1) + head_rest`` is the attention credit.
+        effect (str): ``"readout"`` (IG-Lens's readout credits), ``"total"`` (total-effect
+            credits of the gated blocks: they add up to ``p_final - p_baseline`` =
+            ``F(1) - F(0)``) or ``"atp"`` (attribution patching's first-order estimates:
+            ``convergence_delta`` is then their gap to ``delta_p``, not a completeness
+            error; they are not a decomposition).
+        method (str, optional): The estimator that made the credits (``"atp"`` for
+            attribution patching).
+        n_steps (int, optional): Its steps.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -77,6 +90,9 @@ class IGLensOutput:
     granularity: str = DEFAULT_GRANULARITY
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
+    effect: str = DEFAULT_EFFECT
+    method: Optional[str] = None
+    n_steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""
@@ -96,6 +112,19 @@ class IGLensOutput:
                 raise ValueError(f"IGLensOutput.{name} has shape {got}, expected {shape}.")
         if len(self.positions) != n_pos:
             raise ValueError(f"{len(self.positions)} positions for {n_pos} explained columns.")
+
+    @property
+    def is_decomposition(self) -> bool:
+        """Whether the credits add up to ``delta_p`` by construction (not for ``"atp"``)."""
+        return self.effect != "atp"
+
+    @property
+    def delta_meaning(self) -> str:
+        """What ``convergence_delta`` is, in words (for tables and JSON)."""
+        if self.is_decomposition:
+            return "sum of credits - delta_p (completeness error)"
+        return ("sum of first-order estimates - delta_p: attribution patching is an estimate, "
+                "not a decomposition; this gap is not an error")
 
     @property
     def delta_p(self) -> Tensor:

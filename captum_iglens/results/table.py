@@ -135,6 +135,21 @@ def _argmax_legend(result: IGLensResult) -> list[str]:
     return []
 
 
+def _completeness_lines(result: IGLensResult, total: str, kind: str) -> list[str]:
+    """The completeness line; attribution patching's says its gap is not an error."""
+    n_tok = len(result.tokens)
+    if result.effect == "atp":
+        return textwrap.wrap(
+            "attribution patching (first-order estimates, not a decomposition): max |sum - "
+            f"{total}| = {result.completeness_error:.3e} is the estimates' gap, not an error "
+            f"({result.units}{kind})", 100)
+    what = "total effect (gated block updates), " if result.effect == "total" else ""
+    return textwrap.wrap(
+        f"{what}completeness: max |sum - {total}| = {result.completeness_error:.3e} over "
+        f"{n_tok} token{'' if n_tok == 1 else 's'} ({result.method}, {result.units}{kind})",
+        100)
+
+
 def format_explanation(result: IGLensResult, tokens_per_block: int = 4) -> str:
     """The layer x token table of ``result``, blocks of ``tokens_per_block`` tokens.
 
@@ -150,9 +165,6 @@ def format_explanation(result: IGLensResult, tokens_per_block: int = 4) -> str:
                      f"{result.max_new_tokens} before an end token.")
     base = result.baseline_description or result.baseline
     total, kind = _row_names(result)[1], ", contrastive" if result.contrastive else ""
-    lines += textwrap.wrap(
-        f"completeness: max |sum - {total}| = {result.completeness_error:.3e} over "
-        f"{len(result.tokens)} token{'' if len(result.tokens) == 1 else 's'} "
-        f"({result.method}, {result.units}{kind})", 100)
+    lines += _completeness_lines(result, total, kind)
     lines += textwrap.wrap(f"baseline: {base}", 100)
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.run.results_file import RunMismatchError
 from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
-from captum_iglens.settings import DEFAULT_GRANULARITY
+from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY
 
 __all__ = [
     "FINGERPRINT_KEYS",
@@ -70,7 +70,9 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
         settings (mapping): The run's settings: ``method``, ``n_steps``, ``baselines``,
             ``max_new_tokens``, ``chat_template``, ``template_kwargs``, ``onset_frac``,
             ``onset_rule``, ``top_k``, ``stride`` (missing ones are recorded as ``None``),
-            and ``granularity`` (recorded and compared when it is not ``"block"``).
+            and ``granularity`` (recorded and compared when it is not ``"block"``) and
+            ``effect`` (recorded and compared when it is not ``"readout"``; the total
+            effect's exact split depends on ``n_steps``, so it is kept then).
 
     Returns:
         dict: the entries of :data:`FINGERPRINT_KEYS`, ``torch`` and ``transformers``
@@ -87,13 +89,17 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     }
     for key in FINGERPRINT_KEYS[6:]:
         entries[key] = _jsonable(settings.get(key))
-    if entries["method"] is None or is_exact(entries["method"]):
-        entries["n_steps"] = None  # an exact estimator does not depend on it
+    effect = settings.get("effect") or DEFAULT_EFFECT
+    if effect == DEFAULT_EFFECT and (entries["method"] is None or is_exact(entries["method"])):
+        entries["n_steps"] = None  # an exact readout estimator does not depend on it
     granularity = settings.get("granularity") or DEFAULT_GRANULARITY
     compared_keys = FINGERPRINT_KEYS
     if granularity != DEFAULT_GRANULARITY:  # block runs keep the digests they always had
         entries["granularity"] = granularity
         compared_keys = (*FINGERPRINT_KEYS, "granularity")
+    if effect != DEFAULT_EFFECT:  # readout runs keep the digests they always had
+        entries["effect"] = effect
+        compared_keys = (*compared_keys, "effect")
     compared = json.dumps([entries[k] for k in compared_keys], sort_keys=True, default=str)
     entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
     entries["torch"] = torch.__version__
@@ -125,9 +131,10 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
             continue
         diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
                  for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
-        mine, other = (f.get("granularity", DEFAULT_GRANULARITY) for f in (fingerprint, theirs))
-        if mine != other:
-            diffs.append(f"granularity: {other!r} there, {mine!r} now")
+        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT)):
+            mine, other = (f.get(key, default) for f in (fingerprint, theirs))
+            if mine != other:
+                diffs.append(f"{key}: {other!r} there, {mine!r} now")
         raise RunMismatchError(
             f"{path} holds results of another run ({'; '.join(diffs) or 'other settings'}): "
             "resuming would mix their numbers. Write to another --output, or delete the file "

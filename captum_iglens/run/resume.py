@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_GRANULARITY
+from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_EFFECT, DEFAULT_GRANULARITY
 
 __all__ = ["FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings", "input_hash",
            "lock_holder", "nothing_left", "planned_entries", "record_fields", "resume_mismatch",
@@ -30,6 +30,9 @@ FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "
                     "onset_frac", "onset_rule", "top_k", "stride")
 #: The entries that come from the run's settings (the command line), not from the model.
 SETTINGS_KEYS = FINGERPRINT_KEYS[6:]
+#: Entries recorded (and compared) only away from their default, so that runs at the
+#: default keep the digests they always had.
+OPTIONAL_KEYS = {"granularity": DEFAULT_GRANULARITY, "effect": DEFAULT_EFFECT}
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,18 +54,19 @@ def input_hash(fields: Mapping[str, Any]) -> str:
 def fingerprint_settings(*, method: str, n_steps: int, baselines: Any, max_new_tokens: int,
                          chat_template: bool, template_kwargs: Optional[Mapping[str, Any]],
                          onset_frac: float, onset_rule: str, top_k: int, stride: int,
-                         granularity: str) -> dict[str, Any]:
+                         granularity: str, effect: str) -> dict[str, Any]:
     """The settings mapping of a run's fingerprint (for the run and the check before the load).
 
     Returns:
-        dict: the keys of :data:`SETTINGS_KEYS`, and ``granularity`` when it is not
-        ``"block"``.
+        dict: the keys of :data:`SETTINGS_KEYS`, ``granularity`` when it is not ``"block"``
+        and ``effect`` when it is not ``"readout"``.
     """
     return {"method": method, "n_steps": n_steps, "baselines": baselines,
             "max_new_tokens": max_new_tokens, "chat_template": chat_template,
             "template_kwargs": template_kwargs, "onset_frac": onset_frac,
             "onset_rule": onset_rule, "top_k": top_k, "stride": stride,
-            **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity})}
+            **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity}),
+            **({} if effect == DEFAULT_EFFECT else {"effect": effect})}
 
 
 def record_fields(record: Any) -> dict[str, Optional[Any]]:
@@ -93,23 +97,24 @@ def planned_entries(settings: Mapping[str, Any], units: str,
         entries["layers"] = list(layers)
     for key in SETTINGS_KEYS:
         entries[key] = _jsonable(settings.get(key))
-    if entries["method"] not in CAPTUM_METHODS:
-        entries["n_steps"] = None  # an exact estimator does not depend on it
-    granularity = settings.get("granularity") or DEFAULT_GRANULARITY
-    if granularity != DEFAULT_GRANULARITY:
-        entries["granularity"] = granularity
+    effect = settings.get("effect") or DEFAULT_EFFECT
+    if effect == DEFAULT_EFFECT and entries["method"] not in CAPTUM_METHODS:
+        entries["n_steps"] = None  # an exact readout estimator does not depend on it
+    for key, default in OPTIONAL_KEYS.items():
+        value = settings.get(key) or default
+        if value != default:  # runs at the default keep the digests they always had
+            entries[key] = value
     return entries
 
 
 def settings_mismatch(theirs: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
     """What differs between a line's fingerprint and the planned entries, one item each."""
-    keys = [*FINGERPRINT_KEYS, "granularity"]
     diffs = []
-    for key in keys:
-        if key not in planned and key != "granularity":
+    for key in (*FINGERPRINT_KEYS, *OPTIONAL_KEYS):
+        if key not in planned and key not in OPTIONAL_KEYS:
             continue
-        mine = planned.get(key, DEFAULT_GRANULARITY if key == "granularity" else None)
-        other = theirs.get(key, DEFAULT_GRANULARITY if key == "granularity" else None)
+        mine = planned.get(key, OPTIONAL_KEYS.get(key))
+        other = theirs.get(key, OPTIONAL_KEYS.get(key))
         if json.dumps(other, sort_keys=True, default=str) != json.dumps(
                 mine, sort_keys=True, default=str):
             diffs.append(f"{key}: {other!r} there, {mine!r} now")

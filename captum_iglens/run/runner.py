@@ -125,7 +125,7 @@ class _Runner:
         baselines = s.attribute_kwargs.get("baselines", DEFAULT_BASELINE)
         recording = None
         # a recording holds block outputs only: sub-layer lenses re-run prompt + answer
-        if can_record(baselines, self.lens.model) and self.lens.granularity == "block":
+        if can_record(baselines, self.lens.model) and self.lens.spec.recordable:
             recording = generate_recording(self.lens, self.tokenizer, prompts,
                                            s.max_new_tokens, baselines)
             answers = recording.answers
@@ -271,7 +271,7 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
             max_new_tokens=settings.max_new_tokens, chat_template=settings.chat_template,
             template_kwargs=settings.template_kwargs, onset_frac=settings.onset_frac,
             onset_rule=settings.onset_rule, top_k=settings.top_k, stride=settings.stride,
-            granularity=lens.granularity))
+            granularity=lens.granularity, effect=lens.spec.effect))
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     if settings.model_source is not None:  # not compared: lets a rerun skip the load

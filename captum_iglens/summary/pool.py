@@ -22,7 +22,7 @@ import numpy as np
 
 from captum_iglens._utils.format import layer_names, num, shorten
 from captum_iglens.run.reader import check_one_run, load_results
-from captum_iglens.settings import DEFAULT_GRANULARITY, DEFAULT_UNITS
+from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, DEFAULT_UNITS
 from captum_iglens.summary.bootstrap import cluster_mean_ci
 from captum_iglens.summary.report import WIDTH, record_label, record_name, report_lines
 
@@ -78,6 +78,8 @@ def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{record_name(record)}: no valid 'layers' list ({err})") from err
     units = str(record.get("units", DEFAULT_UNITS))
+    if record.get("effect", DEFAULT_EFFECT) != DEFAULT_EFFECT:  # other credits: kept apart
+        units += f", effect {record['effect']}"
     if record.get("granularity", DEFAULT_GRANULARITY) != "block":  # sub-layer node indices: apart
         units += f", granularity {record['granularity']}"
     return layers, units, is_contrastive(record)
@@ -168,6 +170,8 @@ class RunSummary:
         torn (int): Torn lines skipped while loading.
         granularity (str): ``"block"`` or ``"sublayer"`` (``layers`` are then sub-layer node
             indices, named ``L<l>.attn`` / ``L<l>.mlp``).
+        effect (str): ``"readout"``, ``"total"`` or ``"atp"`` (records of different effects
+            are never pooled).
     """
 
     layers: list[int]
@@ -193,6 +197,7 @@ class RunSummary:
     confidence: float = 0.95
     torn: int = 0
     granularity: str = DEFAULT_GRANULARITY
+    effect: str = DEFAULT_EFFECT
 
     @property
     def layer_names(self) -> list[str]:
@@ -221,6 +226,7 @@ class RunSummary:
             "layers": self.layers, "units": self.units, "contrastive": self.contrastive,
             "settings": self.settings, "per_layer": per_layer,
             **({} if self.granularity == "block" else {"granularity": self.granularity}),
+            **({} if self.effect == DEFAULT_EFFECT else {"effect": self.effect}),
             "mean_delta_p": num(self.mean_delta_p),
             "bootstrap": {"n_boot": self.n_boot, "seed": self.seed,
                           "confidence": self.confidence, "method": "percentile",
@@ -283,6 +289,7 @@ def summarize(
         check_one_run(records)
     layers_t, units, contrastive = _check_compatible(records)
     units, _, granularity = units.partition(", granularity ")
+    units, _, effect = units.partition(", effect ")
     layers = list(layers_t)
     arrays = [_arrays(record, layers) for record in records]
     pooled = _pooled(arrays, len(layers))
@@ -293,6 +300,7 @@ def summarize(
     with_seconds = [r for r in records if isinstance(r.get("seconds"), (int, float))]
     return RunSummary(
         layers=layers, units=units, contrastive=contrastive, n_ok=len(records),
+        effect=effect or DEFAULT_EFFECT,
         n_failed=len(errors), n_tokens=len(pooled.delta_p),
         n_documents=sum(bool(r.get("document")) for r in records),
         mean_credit=_mean(pooled.credits, len(layers)), ci_low=low.tolist(),

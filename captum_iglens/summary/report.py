@@ -102,7 +102,16 @@ def _completeness_lines(s: Any) -> list[str]:
     worst = ""
     if s.worst is not None and s.n_tokens:
         worst = f" (worst: {record_name(s.worst)}, token {s.worst['token']})"
-    text = (f"Completeness: max |sum of credits - {total_symbol(s.units, s.contrastive)}| = "
+    effect = getattr(s, "effect", "readout")
+    total = total_symbol(s.units, s.contrastive)
+    if effect == "atp":
+        text = (f"Attribution patching (first-order estimates, not a decomposition): max |sum "
+                f"- {total}| = {s.max_abs_convergence_delta:.3g} {_unit(s)} over "
+                f"{_plural(s.n_tokens, 'token')} is the estimates' gap, not an error{worst}")
+        return textwrap.wrap(text, WIDTH, subsequent_indent="  ")
+    what = "Total effect (gated block updates): completeness" if effect == "total" \
+        else "Completeness"
+    text = (f"{what}: max |sum of credits - {total}| = "
             f"{s.max_abs_convergence_delta:.3g} {_unit(s)} over "
             f"{_plural(s.n_tokens, 'token')}{worst}")
     return textwrap.wrap(text, WIDTH, subsequent_indent="  ")

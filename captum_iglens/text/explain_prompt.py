@@ -17,6 +17,7 @@ from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
 from captum_iglens.settings import (
     DEFAULT_BASELINE,
+    DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
@@ -171,6 +172,7 @@ def explain(
     contrast: TargetText = None,
     granularity: str = DEFAULT_GRANULARITY,
     heads: bool = False,
+    effect: str = DEFAULT_EFFECT,
     **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
@@ -219,6 +221,13 @@ def explain(
         heads (bool, optional): With ``granularity="sublayer"``, per-head credits of every
             attention segment (``result.head_credits``, JSON ``"head_credits"``; Llama-like
             families). Default: False.
+        effect (str, optional): ``"readout"`` (default, IG-Lens's readout credits),
+            ``"total"`` (each block's exact share of the change of ``p(token)`` when every
+            block's update at the token's position goes to its reference: ``baselines``
+            ``"mean"``, ``"zero"`` or reference ids) or ``"atp"`` (attribution patching's
+            first-order estimates, not a decomposition); see :class:`~captum_iglens.IGLens`.
+            A total-effect answer is generated first and then explained with one
+            teacher-forced forward.
         **attribute_kwargs: Attribution settings, passed to
             :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
@@ -243,7 +252,8 @@ def explain(
     """
     check_prompt_type(prompt)
     model = strip_parallel(model)
-    lens = IGLens(model, layers=layers, units=units, granularity=granularity, heads=heads)
+    lens = IGLens(model, layers=layers, units=units, granularity=granularity, heads=heads,
+                  effect=effect)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
                     chat_template=chat_template, target=target, lens=lens, top_k=top_k,
                     onset_rule=onset_rule, template_kwargs=template_kwargs, contrast=contrast,
@@ -294,7 +304,7 @@ def _explain_one(
     if target is None:
         check_context(model, len(rendered.ids), max_new_tokens, generated=True)
     baselines = attribute_kwargs.get("baselines", DEFAULT_BASELINE)
-    if target is None and can_record(baselines, model) and lens.granularity == "block":
+    if target is None and can_record(baselines, model) and lens.spec.recordable:
         # the generation's own passes are recorded: no second, teacher-forced forward
         recording = generate_recording(lens, tokenizer, [rendered.ids], max_new_tokens,
                                        baselines)

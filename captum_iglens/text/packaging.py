@@ -14,6 +14,7 @@ import torch
 
 from captum_iglens._core.baselines import BASELINE_DESCRIPTIONS
 from captum_iglens._core.onset import onset_layer_indices
+from captum_iglens._core.total_refs import REFERENCE_DESCRIPTIONS
 from captum_iglens._utils.format import as_cpu
 from captum_iglens.results.explanation import IGLensResult
 from captum_iglens.results.output import IGLensOutput
@@ -103,16 +104,17 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         p_baseline=as_cpu(out.p_baseline[row, cols]),
         convergence_delta=as_cpu(out.convergence_delta[row, cols]),
         onset_layers=[int(o) for o in onsets.tolist()],
-        method=spec.method,
+        method=out.method if out.method is not None else spec.method,
         baseline=out.baseline,
-        baseline_description=BASELINE_DESCRIPTIONS.get(out.baseline, out.baseline),
-        n_steps=spec.n_steps,
+        baseline_description=_describe(out),
+        n_steps=out.n_steps if out.n_steps is not None else spec.n_steps,
         onset_frac=spec.onset_frac,
         onset_rule=spec.onset_rule,
         model_name=spec.model_name,
         is_argmax=_is_argmax(out, row, cols),
         units=out.units,
         granularity=out.granularity,
+        effect=out.effect,
         **_head_fields(out, row, cols),
         **_top_k_fields(out, row, cols, tokenizer),
         **_contrast_fields(out, row, cols, tokenizer),
@@ -129,6 +131,12 @@ def _warn_if_padded_rows(tokenizer: Any, ids: Sequence[int]) -> None:
             "resized, e.g. with pad_to_multiple_of), and no token exists for them. Their "
             f"labels read {decode_token(tokenizer, rows[0])!r}, the answer text leaves them "
             "out; their credits are the model's own numbers.", stacklevel=3)
+
+
+def _describe(out: IGLensOutput) -> str:
+    """The baseline (readout) or the gates' reference (total effect, AtP), in words."""
+    words = BASELINE_DESCRIPTIONS if out.effect == "readout" else REFERENCE_DESCRIPTIONS
+    return words.get(out.baseline, out.baseline)
 
 
 def _is_argmax(out: IGLensOutput, row: int, cols: list[int]) -> list[bool]:

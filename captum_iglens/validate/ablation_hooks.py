@@ -6,7 +6,6 @@ residual stream before the final norm); a block's residual update is ``h_l - h_{
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -14,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.kv_cache import cache_tensors, make_cache
 
 __all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
 
@@ -94,36 +94,6 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
     finally:
         for handle in handles:
             handle.remove()
-
-
-def cache_tensors(cache: object) -> list[tuple[Tensor, Tensor]]:
-    """Per block ``(keys, values)``, each ``[B, heads, S, head_dim]``, of a cache.
-
-    Reads transformers' ``Cache.layers``, the older ``key_cache`` lists, or legacy tuples.
-
-    Raises:
-        TypeError: for any other cache object.
-    """
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    if hasattr(cache, "key_cache"):
-        return list(zip(cache.key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
-    if isinstance(cache, (tuple, list)):
-        return [(kv[0], kv[1]) for kv in cache]
-    raise TypeError(f"Cannot read keys and values from a cache of type {type(cache)}")
-
-
-def make_cache(kv: list[tuple[Tensor, Tensor]]) -> object:
-    """A fresh ``DynamicCache`` holding ``kv`` (per block ``(keys, values)``).
-
-    The forward that uses it appends to new tensors, so ``kv`` itself is never modified.
-    """
-    from transformers import DynamicCache
-
-    if "ddp_cache_data" in inspect.signature(DynamicCache.__init__).parameters:
-        return DynamicCache(ddp_cache_data=kv)
-    return DynamicCache.from_legacy_cache(tuple(kv))  # transformers < 4.53
 
 
 def target_probs(logits: Tensor, target: Tensor) -> Tensor:

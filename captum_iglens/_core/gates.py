@@ -1,0 +1,133 @@
+"""Gates on decoder-block updates at one position: ``F(g)`` and ``dF/dg`` in one forward.
+
+The total-effect path (:mod:`captum_iglens._core.total_effect`) gates each chosen block
+``L``'s update at the explained position ``i``::
+
+    h_L[i] = h_{L-1}[i] + r_L + g_L (u_L[i] - r_L)
+    u_L[i] = block_L(gated stream)[i] - h_{L-1}[i]
+
+``h_{L-1}[i]`` is the block's (already gated) input, ``r_L`` the reference update. Earlier
+positions are untouched and later ones cannot change ``p(y)`` at ``i`` in a causal model, so
+a row of gates is one single-position forward over the clean prefix's KV cache; ``R`` rows
+(path points) run as one batch, and one backward pass gives ``dF/dg`` for every row (rows are
+independent). ``F`` is the model's own readout of its last block at ``i``: ``p(y)``,
+``log p(y)`` or ``p(y) - p(foil)``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
+from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.kv_cache import make_cache
+from captum_iglens.lens.readout import lens_values
+from captum_iglens.lens.sublayer import HalfBlockSite
+
+__all__ = ["GateRows", "gated_values", "with_hidden"]
+
+
+@dataclass
+class GateRows:
+    """``R`` rows of gates at one explained position, and what they read.
+
+    Attributes:
+        gates (Tensor): ``[R, k]`` gate values (one per gated block), float.
+        references (Tensor): ``[R, k, d]`` reference updates ``r_L`` of each row.
+        ids (Tensor): ``[R, 1]`` target ids, or ``[R, 2]`` (target, foil).
+        log (bool): ``F`` in log-probability (nats) instead of probability.
+    """
+
+    gates: Tensor
+    references: Tensor
+    ids: Tensor
+    log: bool = False
+
+
+@contextmanager
+def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
+                ) -> Iterator[None]:
+    """Hooks that gate block ``layers[j]``'s update at the last position by ``gates[:, j]``."""
+    inputs: dict[int, Tensor] = {}
+    handles = []
+
+    def pre(layer: int):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[layer] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def post(j: int, layer: int):
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = hidden_of(output)
+            before = inputs[layer][:, -1]
+            ref = rows.references[:, j].to(hidden)
+            gate = rows.gates[:, j, None].to(hidden)
+            last = before + ref + gate * (hidden[:, -1] - before - ref)
+            return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
+        return hook
+
+    try:
+        for j, layer in enumerate(layers):
+            block = blocks[layer - 1]
+            handles.append(add_forward_pre_hook(block, pre(layer), with_kwargs=True))
+            handles.append(add_forward_hook(block, post(j, layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def gated_values(
+    model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
+    token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
+    attention_mask: Tensor, position_id: Optional[Tensor] = None, grad: bool = True,
+    site: Optional[HalfBlockSite] = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
+
+    Args:
+        model (nn.Module): The causal LM (in eval mode; its state is the caller's to keep).
+        blocks (nn.ModuleList): Its ``n`` decoder blocks.
+        layers (sequence of int): The ``k`` gated hidden-state indices (``1..n``).
+        rows (GateRows): The gates, references and target.
+        token (Tensor): ``[R, 1]`` each row's token id at its explained position ``i``.
+        kv (list): Per block ``(keys, values)`` ``[1, heads, c, head_dim]`` of the clean
+            prefix (``c = 0``: none), shared by every row.
+        cache_kw (str): The forward's cache argument name.
+        attention_mask (Tensor): ``[R, c + 1]``: which cached columns each row attends to,
+            and its own (last) column.
+        position_id (Tensor, optional): ``[R, 1]`` each row's position id.
+        grad (bool, optional): Also return ``dF/dg``. Default: True.
+        site (HalfBlockSite, optional): Gate each block's attention and MLP updates
+            separately (:mod:`captum_iglens._core.sublayer_gates`; ``2k`` gates). Default:
+            ``None``, whole blocks.
+
+    Returns:
+        (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
+        ``[R, k]`` ``dF/dg`` in the gates' dtype (``None`` without ``grad``).
+    """
+    n_rows = rows.gates.shape[0]
+    kwargs: dict = {"use_cache": True, "attention_mask": attention_mask}
+    if kv and kv[0][0].shape[-2]:
+        kwargs[cache_kw] = make_cache([(k.expand(n_rows, -1, -1, -1),
+                                        v.expand(n_rows, -1, -1, -1)) for k, v in kv])
+    if position_id is not None:
+        kwargs["position_ids"] = position_id
+    gates = rows.gates.detach().requires_grad_(grad)
+    live = GateRows(gates, rows.references, rows.ids, rows.log)
+    hooks = (_gate_hooks(blocks, layers, live) if site is None
+             else sublayer_gate_hooks(blocks, layers, site, live))
+    with torch.set_grad_enabled(grad), hooks:
+        logits = model(token, **kwargs).logits[:, -1]
+        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+        values = lens_values(log_probs, rows.ids, rows.log)
+        if not grad:
+            return values.detach(), None
+        (grads,) = torch.autograd.grad(values.sum(), gates)
+    return values.detach(), grads

@@ -1,0 +1,163 @@
+"""Total-effect credits: each block's exact share of ``p(y|x) - p(y | updates at reference)``.
+
+IG-Lens's readout credit of block ``L`` is ``f(h_L) - f(h_{L-1})`` (arXiv:2606.29693,
+Proposition 1): what the final norm and unembedding read out of ``h_L`` beyond ``h_{L-1}``.
+The *total effect* asks what block ``L`` causes through the blocks above it. A gate ``g_L``
+on each chosen block's update at the explained position ``i`` (:mod:`~._core.gates`) makes
+``F(g)`` the model's own ``p(y)`` at ``i`` with every update at ``g`` between its reference
+(``g = 0``, :mod:`~._core.total_refs`) and its clean value (``g = 1``); integrating
+``dF/dg`` along ``g = a * 1`` credits each block, and the credits add up to ``F(1) - F(0)``
+(:mod:`~._core.total_split`). ``effect="atp"`` returns attribution patching's first-order
+estimate ``dF/dg_L`` at ``g = 1`` instead, which does not add up.
+
+Cost: one clean forward with its KV cache, then single-position forwards and backwards over
+the cached prefix: ``n_steps + 1`` rows per explained position for the exact split,
+``n_steps + 2`` for the gradient estimators, 2 for ``"atp"``; the rows of several positions
+of one input share a forward (each row masks the cached columns at and after its own
+position), up to ``internal_batch_size`` rows (default :data:`GATE_ROWS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from captum_iglens._core.gates import GateRows, gated_values
+from captum_iglens._core.request import PathRequest
+from captum_iglens._core.targets import normalise_contrast, normalise_target
+from captum_iglens._core.total_clean import CleanTrace, clean_trace, lens_levels
+from captum_iglens._core.total_refs import reference_updates
+from captum_iglens._core.total_split import exact_split, gradient_credits, path_points
+from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
+from captum_iglens.lens.spec import LensSpec
+from captum_iglens.lens.state import model_state_preserved
+from captum_iglens.results import IGLensOutput
+
+__all__ = ["GATE_ROWS", "run_total"]
+
+
+#: Gated rows per single-position forward when ``internal_batch_size`` is not given (a
+#: group of explained positions shares one forward and one read of the weights).
+GATE_ROWS = 256
+
+
+def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tensor,
+           weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Credits ``[k]``, ``F(0)`` and ``F(1)`` of one position from its path points."""
+    if effect == "atp":
+        return grads[0].to(values.dtype), values[1], values[0]
+    if method == "prediction_aware":
+        return exact_split(values, grads, alphas.to(values.device)), values[0], values[-1]
+    return gradient_credits(grads, weights).to(values.dtype), values[-2], values[-1]
+
+
+def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int],
+                   refs: Tensor, ids: Tensor, alphas: Tensor) -> tuple[Tensor, Tensor]:
+    """``F`` ``[C, N]`` and ``dF/dg`` ``[C, N, k]`` of row ``b``'s ``C`` columns, one forward."""
+    n_points, k = alphas.shape[0], refs.shape[2]
+    gate_dtype = spec.dtype if spec.dtype.is_floating_point else torch.float32
+    gates = alphas.to(device=refs.device, dtype=gate_dtype)[:, None].expand(n_points, k)
+    rows = GateRows(gates.repeat(len(columns), 1),
+                    refs[b, columns].repeat_interleave(n_points, 0),
+                    ids[b, columns].repeat_interleave(n_points, 0),
+                    spec.units == "log-probability")
+    inputs = clean.group_inputs(b, columns, n_points)
+    values, grads = gated_values(
+        spec.model, spec.decoder_blocks, clean.layers, rows, token=inputs["token"],
+        kv=inputs["kv"], cache_kw=clean.cache_kw, attention_mask=inputs["attention_mask"],
+        position_id=inputs["position_id"], site=clean.site)
+    assert grads is not None
+    return values.view(len(columns), n_points), grads.view(len(columns), n_points, k)
+
+
+def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, method: str,
+             n_steps: int, effect: str, explained: Optional[Tensor], rows_per_forward: int
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """``[B, P, k]`` credits, ``[B, P]`` ``F(0)`` and ``F(1)`` (NaN where not explained)."""
+    alphas, weights = path_points(method, n_steps, effect)
+    batch, n_pos = ids.shape[:2]
+    dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
+    credits = torch.full((batch, n_pos, refs.shape[2]), float("nan"), dtype=dtype)
+    start = torch.full((batch, n_pos), float("nan"), dtype=dtype)
+    end = start.clone()
+    per_group = max(1, rows_per_forward // alphas.shape[0])
+    for b in range(batch):
+        todo = [j for j in range(n_pos) if explained is None or bool(explained[b, j])]
+        for first in range(0, len(todo), per_group):
+            columns = todo[first:first + per_group]
+            values, grads = _group_credits(spec, clean, b, columns, refs, ids, alphas)
+            for c, j in enumerate(columns):
+                got = _split(values[c], grads[c], method, effect, alphas, weights)
+                credits[b, j], start[b, j], end[b, j] = (t.cpu() for t in got)
+    return credits, start, end
+
+
+def _targets(clean: CleanTrace, request: PathRequest, target: TargetSpec,
+             contrast: TargetSpec) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """Target ids ``[B, P]``, foil ids (or ``None``) and the ids each row reads ``[B, P, 1|2]``."""
+    log_probs = clean.log_probs
+    tgt = normalise_target(target, log_probs.shape[0], len(request.positions),
+                           log_probs.argmax(-1), log_probs.shape[-1])
+    foil = normalise_contrast(contrast, tgt, request.positions, log_probs.shape[-1],
+                              request.explained)
+    ids = tgt[..., None] if foil is None else torch.stack([tgt, foil], dim=-1)
+    return tgt, foil, ids
+
+
+def run_total(
+    spec: LensSpec, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
+    additional_forward_args: Any, n_steps: int, method: str,
+    internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
+    contrast: TargetSpec = None, explained: Optional[Tensor] = None,
+) -> tuple[IGLensOutput, bool]:
+    """Total-effect (or attribution-patching) credits of ``spec``'s chosen blocks.
+
+    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`; ``baselines``
+    names the reference (``"mean"``, ``"zero"`` or reference token ids) and ``method`` the
+    estimator (``"prediction_aware"``: the exact step split). ``internal_batch_size`` is
+    the number of gated rows per single-position forward (default :data:`GATE_ROWS`) and
+    the readout chunk of the clean logit-lens levels; ``top_k`` acts on those levels.
+
+    Returns:
+        (output, single): ``output.attributions`` ``[B, P, k]`` (probability units unless
+        ``spec.units`` says nats), ``p_final = F(1)``, ``p_baseline = F(0)``,
+        ``lens_probs`` the clean logit lens ``f(h_L[i])``; ``effect``, ``method`` and
+        ``n_steps`` recorded.
+
+    Raises:
+        ValueError: as :meth:`~captum_iglens.IGLens.attribute`, plus a reference that is
+            not one (:func:`~captum_iglens._core.total_refs.reference_updates`) and
+            :func:`~captum_iglens._core.total_clean.clean_trace`'s refusals.
+        RuntimeError: the gated forward at ``g = 1`` does not reproduce the model's own
+            probability (a family whose KV cache cannot serve single-position forwards).
+    """
+    request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
+                                explained)
+    with model_state_preserved(spec.model):
+        clean = clean_trace(spec, request)
+        tgt, foil, ids = _targets(clean, request, target, contrast)
+        refs, name = reference_updates(baselines, clean.updates, clean.reference_updates,
+                                       request.positions, request.mask, request.position_ids)
+        log, check = spec.units == "log-probability", spec.check_readout
+        credits, start, end = _credits(spec, clean, refs, ids, method, n_steps, spec.effect,
+                                       request.explained, internal_batch_size or GATE_ROWS)
+        if not clean.check_end(end, ids, log, request.explained, check, strict=False):
+            # families whose attention reads absolute cache columns (local windows, some
+            # ALiBi layouts) cannot share a forward across positions: one position each
+            credits, start, end = _credits(spec, clean, refs, ids, method, n_steps,
+                                           spec.effect, request.explained, 1)
+    levels, argmax, top = lens_levels(spec, clean, ids, internal_batch_size, top_k)
+    clean.check_end(end, ids, log, request.explained, check)
+    out = IGLensOutput(
+        attributions=credits, convergence_delta=credits.double().sum(-1).to(credits.dtype)
+        - (end - start), lens_probs=levels, p_final=end, p_baseline=start,
+        target=tgt, positions=request.positions, layer_indices=spec.node_indices,
+        granularity=spec.granularity,
+        baseline=name, model_argmax=argmax, units=spec.units, contrast=foil,
+        effect=spec.effect, method="atp" if spec.effect == "atp" else method,
+        n_steps=1 if spec.effect == "atp" else int(n_steps))
+    if top is not None:
+        out.top_k_probs, out.top_k_ids = top
+    return out, request.single
