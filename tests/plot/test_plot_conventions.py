@@ -253,7 +253,8 @@ def test_captum_view_in_log_units_draws_the_start_apart() -> None:
     _, ax = view.plot_seq_attr()
     heights = np.array([p.get_height() for p in ax.patches])
     bars = heights[:4] + heights[4:]
-    assert bars[0] == 0.0  # not drawn (it was sum_t log p at L1: -132 nats here)
+    # exact: the first bar is drawn with height 0 (it was sum_t log p at L1: -132 nats here)
+    assert bars[0] == 0.0
     np.testing.assert_allclose(bars[1:], view.seq_attr[1:].numpy(), rtol=0, atol=0)
     low, high = ax.get_ylim()
     assert low > -10 and high < 10  # the axis is the rises'
