@@ -15,20 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import torch
-
-
-def _median_time(fn, repeats: int) -> tuple[float, object]:
-    out = fn()  # warm-up (not timed)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+from _timing import median_time
 
 
 def main() -> None:
@@ -76,9 +65,9 @@ def main() -> None:
 
     torch.set_grad_enabled(True)
     model.eval()
-    t_lens, (a_lens, d_lens) = _median_time(run_lens, args.repeats)
-    t_grad, (a_grad, d_grad) = _median_time(run_lens_grad, args.repeats)
-    t_lig, (a_lig, d_lig) = _median_time(run_lig, args.repeats)
+    t_lens, (a_lens, d_lens) = median_time(run_lens, args.repeats)
+    t_grad, (a_grad, d_grad) = median_time(run_lens_grad, args.repeats)
+    t_lig, (a_lig, d_lig) = median_time(run_lig, args.repeats)
 
     print(f"model: SmolLM2-135M-Instruct (30 blocks), torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "

@@ -16,20 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import torch
-
-
-def _median_time(fn, repeats: int) -> tuple[float, object]:
-    out = fn()  # warm-up (not timed)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+from _timing import median_time, smollm2_answer
 
 
 def _where_credit_sits(out, tokens: list[str]) -> None:
@@ -54,22 +43,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args()
 
-    from transformers.utils import logging as hf_logging
-
     from captum_iglens import IGLens
     from captum_iglens._utils.progress import progress_bars
-    from captum_iglens.models.loading import load_model
-    from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    model, tokenizer = load_model()
     prompt = "What is the capital of Vietnam?"
-    prompt_ids, _ = build_prompt_ids(tokenizer, prompt)
-    answer = generate_answer(model, tokenizer, prompt_ids, args.max_new_tokens)
-    ids = torch.tensor([prompt_ids + answer[:-1]])
-    positions = list(range(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(answer)))
-    target = torch.tensor([answer])
+    model, tokenizer, prompt_ids, answer, ids, positions, target = smollm2_answer(
+        args.max_new_tokens, prompt)
     block, sub = IGLens(model), IGLens(model, granularity="sublayer")
     heads = IGLens(model, granularity="sublayer", heads=True)
 
@@ -83,7 +62,7 @@ def main() -> None:
             (f"sublayer, gausslegendre n_steps={args.n_steps}", sub, grad),
             (f"sublayer + heads, n_steps={args.n_steps}", heads, {"n_steps": args.n_steps})]
     with progress_bars(False):
-        timed = [(name, *_median_time(run(lens, **kw), args.repeats))
+        timed = [(name, *median_time(run(lens, **kw), args.repeats))
                  for name, lens, kw in rows]
     n_tok, n_grad = len(answer), args.n_steps
     readouts = [n_tok * 31, n_tok * 61, n_tok * (31 + 30 * n_grad),

@@ -23,20 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 
 import torch
-
-
-def _median_time(fn, repeats: int) -> tuple[float, object]:
-    out = fn()  # warm-up (not timed)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+from _timing import median_time, smollm2_answer
 
 
 def main() -> None:
@@ -46,22 +35,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=10)
     args = parser.parse_args()
 
-    from transformers.utils import logging as hf_logging
-
     from captum_iglens import IGLens
     from captum_iglens._utils.progress import progress_bars
-    from captum_iglens.models.loading import load_model
-    from captum_iglens.text.explain_prompt import build_prompt_ids, generate_answer
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    model, tokenizer = load_model()
     prompt = "What is the capital of Vietnam?"
-    prompt_ids, _ = build_prompt_ids(tokenizer, prompt)
-    answer = generate_answer(model, tokenizer, prompt_ids, args.max_new_tokens)
-    ids = torch.tensor([prompt_ids + answer[:-1]])
-    positions = list(range(len(prompt_ids) - 1, len(prompt_ids) - 1 + len(answer)))
-    target = torch.tensor([answer])
+    model, tokenizer, prompt_ids, answer, ids, positions, target = smollm2_answer(
+        args.max_new_tokens, prompt)
     readout, total, atp = IGLens(model), IGLens(model, effect="total"), IGLens(model,
                                                                               effect="atp")
 
@@ -78,7 +57,7 @@ def main() -> None:
             ("atp, zero reference", atp, {"baselines": "zero"}),
             ("readout, embedding baseline", readout, {"baselines": "embedding"})]
     with progress_bars(False):
-        timed = [(name, *_median_time(run(lens, **kw), args.repeats)) for name, lens, kw in rows]
+        timed = [(name, *median_time(run(lens, **kw), args.repeats)) for name, lens, kw in rows]
 
     print(f"model: SmolLM2-135M-Instruct (30 blocks), torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads "
