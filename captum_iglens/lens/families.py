@@ -98,6 +98,21 @@ def _divided(name: str, text: bool = False) -> ConfigRule:
     return rule
 
 
+def _since(version: str, rule: ConfigRule) -> ConfigRule:
+    """``rule`` where the installed transformers is ``version`` or newer, else no transform.
+
+    For a family whose own ``forward`` gained a logit transform in a transformers release
+    (AyaVisionForConditionalGeneration multiplies by its text config's ``logit_scale`` from
+    5.25 on): the readout follows the model's forward of the installed release.
+    """
+    def versioned(config: object) -> Optional[LogitTransform]:
+        import transformers
+        from packaging.version import Version
+
+        return rule(config) if Version(transformers.__version__) >= Version(version) else None
+    return versioned
+
+
 class HiddenDivisor(nn.Module):
     """``hidden / divisor`` before the unembedding (MiniCPM3's ``logits_scaling``)."""
 
@@ -176,8 +191,10 @@ FAMILIES: dict[str, ArchitectureLayout] = {
     "minicpm3": _llama(hidden_divisor="logits_scaling"),
     "falcon_h1": ArchitectureLayout("model.layers", "model.final_layernorm", (),
                                     _times("lm_head_multiplier")),
-    # Their text configs name a transform that their own forward does not apply.
-    **dict.fromkeys(("gemma3", "aya_vision", "cohere2_vision"), _text_tower()),
+    # Their text configs name a transform that their own forward does not apply (Aya Vision's
+    # forward applies its text config's logit_scale from transformers 5.25 on).
+    **dict.fromkeys(("gemma3", "cohere2_vision"), _text_tower()),
+    "aya_vision": _text_tower(_since("5.25", _times("logit_scale", text=True))),
     "hyperclovax_vision_v2": _text_tower(_times("logits_scaling", text=True)),
     **dict.fromkeys(("gemma4", "gemma4_unified", "paligemma"), _text_tower(_softcap(text=True))),
     **dict.fromkeys(("gemma3n", "gemma3n_text"), _llama(refusal=_ALTUP)),
