@@ -83,8 +83,16 @@ def _block_changes(spec: LensSpec) -> list[str]:
                     f"{count} blocks (the lens was built with {len(built.blocks)})"]
     now = tuple(spec.decoder_blocks)
     if not _same(now, built.blocks):
-        return [f"its decoder blocks changed ({len(built.blocks)} -> {len(now)} blocks, "
-                "or replaced)"]
+        where = built.blocks_path or "the decoder block list"
+        if len(now) != len(built.blocks):
+            return [f"its decoder blocks changed: {where} holds {len(now)} blocks (the lens "
+                    f"was built with {len(built.blocks)})"]
+        swapped = [i for i, (a, b) in enumerate(zip(now, built.blocks, strict=True))
+                   if a is not b]
+        return [f"its decoder blocks changed: {where}[{', '.join(map(str, swapped[:5]))}] "
+                f"{'is a new block' if len(swapped) == 1 else 'are new blocks'} (block "
+                f"{'numbers' if len(swapped) > 1 else 'number'} "
+                f"{', '.join(str(i + 1) for i in swapped[:5])})"]
     return []
 
 

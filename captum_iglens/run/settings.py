@@ -77,6 +77,7 @@ class RunReport:
         """One line: records done, errors, tokens per second."""
         rate = self.n_tokens / self.seconds if self.seconds > 0 else 0.0
         return (f"{self.output}: {self.n_ok} results, {self.n_errors} errors of "
-                f"{self.n_records} records ({self.n_skipped} were already done); "
+                f"{self.n_records} records ({self.n_skipped} "
+                f"{'was' if self.n_skipped == 1 else 'were'} already done); "
                 f"{self.n_tokens} tokens explained now by this process in {self.seconds:.1f} s "
                 f"({rate:.1f} tokens/s)")

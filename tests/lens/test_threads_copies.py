@@ -159,7 +159,8 @@ def _prune_list(model: nn.Module) -> None:
 
 
 EDITS = {
-    "block replaced": (_replace_block, "its decoder blocks changed (3 -> 3 blocks, or replaced)"),
+    "block replaced": (_replace_block, "its decoder blocks changed: model.layers[1] is a new "
+                       "block (block number 2)"),
     "final norm replaced": (_replace_norm, "its final norm was replaced"),
     "block list replaced": (_prune_list, "its decoder blocks changed: model.layers is a new "
                             "list of 2 blocks (the lens was built with 3)"),
