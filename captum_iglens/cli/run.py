@@ -21,6 +21,7 @@ from captum_iglens.cli import _layer_options as layer_opts
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
 from captum_iglens.run.results_file import (
+    OutputLockedError,
     ResultsWriteError,
     RunMismatchError,
     check_results_file,
@@ -45,7 +46,8 @@ EXIT_STATUS = exit_status_help(
     usage="usage error: something is wrong in the command line (an input, an --output that "
     "cannot be written, is no results file, holds another run's settings or is being written "
     "by another process); found before the model is loaded, except --layers / --k beyond the "
-    "blocks of a .gguf file's model and an output written by another model's weights",
+    "blocks of a .gguf file's model, an output written by another model's weights and a "
+    "lock that another run took while this one loaded its model",
     interrupted="interrupted (Ctrl-C); the records already written are kept: re-run the same "
     "command to resume",
 )
@@ -285,7 +287,9 @@ def run(args: argparse.Namespace) -> int:
                              progress=not args.no_progress, procs=procs)
     except ResultsWriteError as err:
         raise RuntimeError(err.message("choose --output elsewhere")) from err
-    except RunMismatchError as err:  # another model's weights: known only after the load
+    except (RunMismatchError, OutputLockedError) as err:
+        # another model's weights, or a run that took the lock while this one loaded its model:
+        # known only after the load, and still a usage error (exit 2)
         raise UsageError(str(err)) from err
     if procs.is_main:
         print(report.format(), file=sys.stderr)

@@ -23,7 +23,7 @@ from torch import nn
 
 from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
-from captum_iglens.run.results_file import RunMismatchError
+from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
 from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
 from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY
 
@@ -146,8 +146,8 @@ def run_lock(path: Path, enabled: bool = True) -> Iterator[None]:
     """Hold an exclusive lock on ``PATH.lock`` while a run writes ``path``.
 
     Raises:
-        RuntimeError: another process holds the lock (a second run on the same output
-            would do the same work twice and interleave its lines).
+        OutputLockedError: another process holds the lock (a second run on the same output
+            would do the same work twice and interleave its lines); a ``RuntimeError``.
     """
     if not enabled:
         yield
@@ -163,7 +163,7 @@ def run_lock(path: Path, enabled: bool = True) -> Iterator[None]:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as err:
-            raise RuntimeError(
+            raise OutputLockedError(
                 f"Another process is writing {path} (it holds {lock}): wait for it to finish, "
                 "or write to another --output.") from err
         handle.seek(0)

@@ -22,10 +22,15 @@ __all__ = [
     "NotAResultsFile",
     "ResultsFile",
     "ResultsWriteError",
+    "OutputLockedError",
     "RunMismatchError",
     "check_results_file",
     "read_lines",
 ]
+
+
+class OutputLockedError(RuntimeError):
+    """Another process holds the output's lock (it is writing the same results file)."""
 
 
 class RunMismatchError(ValueError):

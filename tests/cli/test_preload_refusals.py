@@ -123,6 +123,33 @@ def test_a_locked_output_is_refused_before_loading(tiny_folder, tmp_path, loads,
     assert not output.exists()
 
 
+def test_a_lock_taken_while_the_model_loads_is_a_usage_error(tiny_folder, tmp_path,
+                                                             monkeypatch, capsys):
+    """Two runs started together: the second finds the lock free before its load and taken
+    after it (by the first run); that is still a usage error, exit 2, and nothing is written."""
+    source = _write_input(tmp_path / "in.jsonl", ["w1"])
+    output = tmp_path / "out.jsonl"
+    lock = tmp_path / "out.jsonl.lock"
+    real_load = models.load_model
+    held = []
+
+    def load_while_another_run_starts(*args, **kwargs):
+        handle = open(lock, "a+")  # the other run takes the lock during this run's load
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(handle)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(models, "load_model", load_while_another_run_starts)
+    try:
+        assert main(_run(tiny_folder, source, output)) == 2
+    finally:
+        for handle in held:
+            handle.close()
+    err = capsys.readouterr().err
+    assert f"Another process is writing {output} (it holds {lock})" in err
+    assert held and not output.exists()
+
+
 @pytest.mark.parametrize("option, message", [
     (["--layers", "0,99"], "iglens: error: --layers: layer index 99 is out of range: this model "
      "has 30 decoder blocks, so hidden-state indices run from 0 to 30 (or -31..-1 from the "
