@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
 from captum_iglens.lens.sublayer import HalfBlockSite
@@ -54,7 +54,6 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
                 ) -> Iterator[None]:
     """Hooks that gate block ``layers[j]``'s update at the last position by ``gates[:, j]``."""
     inputs: dict[int, Tensor] = {}
-    handles = []
 
     def pre(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -71,15 +70,12 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
             return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for j, layer in enumerate(layers):
             block = blocks[layer - 1]
-            handles.append(add_forward_pre_hook(block, pre(layer), with_kwargs=True))
-            handles.append(add_forward_hook(block, post(j, layer)))
+            hooks.pre(block, pre(layer), with_kwargs=True)
+            hooks.forward(block, post(j, layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def gated_values(

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.sublayer import HalfBlockSite
 
 __all__ = ["sublayer_gate_hooks", "with_hidden"]
@@ -58,7 +58,6 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
     """
     inputs: dict[int, Tensor] = {}
     moved: dict[int, tuple[Tensor, Tensor]] = {}
-    handles = []
 
     def block_in(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -89,14 +88,10 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
             return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for j, layer in enumerate(layers):
             block = blocks[layer - 1]
-            handles.append(add_forward_pre_hook(block, block_in(layer), with_kwargs=True))
-            handles.append(add_forward_pre_hook(getattr(block, site.module),
-                half(j, layer), with_kwargs=True))
-            handles.append(add_forward_hook(block, block_out(j, layer)))
+            hooks.pre(block, block_in(layer), with_kwargs=True)
+            hooks.pre(getattr(block, site.module), half(j, layer), with_kwargs=True)
+            hooks.forward(block, block_out(j, layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()

@@ -32,7 +32,7 @@ from typing import Iterator, Optional
 from torch import Tensor, nn
 
 from captum_iglens.lens.architectures import model_type, unwrap_model
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook
+from captum_iglens.lens.hooks import held_hooks
 
 __all__ = ["HalfBlockSite", "SublayerUnsupportedError", "capture_half_residuals",
            "half_block_site"]
@@ -148,22 +148,17 @@ def capture_half_residuals(blocks: nn.ModuleList, indices: list[int], site: Half
     Yields:
         dict: ``store``. Every hook is removed on exit, also after an error.
     """
-    handles = []
-    try:
+    with held_hooks() as hooks:
         for index in indices:
             block = blocks[index - 1]
             module = getattr(block, site.module)
             inputs: dict[int, Tensor] = {}
-            handles.append(add_forward_pre_hook(block, _input_hook(index, inputs)))
+            hooks.pre(block, _input_hook(index, inputs))
             if site.kind == "input":
-                handles.append(add_forward_pre_hook(
-                    module, _reshaped_input_hook(index, inputs, store)))
+                hooks.pre(module, _reshaped_input_hook(index, inputs, store))
             else:
-                handles.append(add_forward_hook(module, _sum_hook(index, inputs, store)))
+                hooks.forward(module, _sum_hook(index, inputs, store))
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def _input_hook(index: int, store: dict[int, Tensor]):

@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import cache_tensors, make_cache
 
 __all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
@@ -65,7 +65,6 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
     Hooks are removed on exit, also when an error is raised.
     """
     inputs: dict[int, Tensor] = {}
-    handles = []
 
     def pre(layer: int):
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -86,14 +85,11 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
             return _with_hidden(output, hidden)
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for layer, block in enumerate(blocks, start=1):
-            handles.append(add_forward_pre_hook(block, pre(layer)))
-            handles.append(add_forward_hook(block, post(layer)))
+            hooks.pre(block, pre(layer))
+            hooks.forward(block, post(layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def target_probs(logits: Tensor, target: Tensor) -> Tensor:

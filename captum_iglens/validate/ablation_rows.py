@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.state import input_device
 from captum_iglens.validate.ablation_hooks import (
     _with_hidden,
@@ -197,16 +197,13 @@ class _Growing:
     @contextmanager
     def on(self, blocks: nn.ModuleList) -> Iterator[None]:
         """The hooks on ``blocks``, removed on exit (also on an error)."""
-        handles = [add_forward_pre_hook(blocks[0], self.first_input)]
-        try:
+        with held_hooks() as hooks:
+            hooks.pre(blocks[0], self.first_input)
             for layer, block in enumerate(blocks, start=1):
                 if layer > 1:
-                    handles.append(add_forward_pre_hook(block, self.keep_input(layer)))
-                handles.append(add_forward_hook(block, self.output(layer)))
+                    hooks.pre(block, self.keep_input(layer))
+                hooks.forward(block, self.output(layer))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
 
 def run_rows(model: nn.Module, blocks: nn.ModuleList, cache_kw: str, trace: Any, pos: int,
