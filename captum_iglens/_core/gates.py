@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
+from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
@@ -120,8 +121,7 @@ def gated_values(
              else sublayer_gate_hooks(blocks, layers, site, live))
     with torch.set_grad_enabled(grad), hooks:
         logits = model(token, **kwargs).logits[:, -1]
-        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+        log_probs = wide_log_softmax(logits)
         values = lens_values(log_probs, rows.ids, rows.log)
         if not grad:
             return values.detach(), None

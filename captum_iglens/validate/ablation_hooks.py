@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import cache_tensors, make_cache
 
@@ -98,7 +99,6 @@ def target_probs(logits: Tensor, target: Tensor) -> Tensor:
     Returns:
         Tensor: ``[R]`` probabilities, float32 (float64 for a float64 model).
     """
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    log_probs = wide_log_softmax(logits)
     index = target.to(log_probs.device).reshape(-1, 1).expand(log_probs.shape[0], 1)
     return log_probs.gather(-1, index)[:, 0].exp()

@@ -31,6 +31,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
+from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.state import input_device
 from captum_iglens.validate.ablation_hooks import (
@@ -112,8 +113,7 @@ def token_probs(logits: Tensor, ids: Tensor) -> Tensor:
         Tensor: ``[R, T]`` probabilities, float32 (float64 for a float64 model), from a
         log-softmax in that dtype, as IG-Lens reads them.
     """
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    log_probs = wide_log_softmax(logits)
     return log_probs[:, ids.to(log_probs.device).reshape(-1)].exp()
 
 
