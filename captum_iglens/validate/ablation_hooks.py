@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import cache_tensors, make_cache
+from captum_iglens.lens.state import model_state_preserved
 
 __all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
 
@@ -28,19 +29,15 @@ def _with_hidden(output: object, hidden: Tensor) -> object:
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` in eval mode without gradients.
+    """Run ``model`` without gradients in the state every attribution runs it in.
 
-    Every submodule's train/eval flag is restored on exit: dropout must never change an
-    ablation.
+    :func:`~captum_iglens.lens.state.model_state_preserved`: eval mode, dynamic RoPE at its
+    trained-context frequencies, under the model's lock; every submodule's train/eval flag
+    and the RoPE state are restored on exit. Dropout, or a grown RoPE left by an earlier
+    call, must never change an ablation.
     """
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for module, mode in modes:
-            module.training = mode
+    with model_state_preserved(model), torch.no_grad():
+        yield
 
 
 def _with_input(args: tuple, kwargs: dict, hidden: Tensor) -> tuple[tuple, dict]:
