@@ -92,9 +92,13 @@ def test_the_version_has_one_source() -> None:
     assert config["project"]["dynamic"] == ["version"]
     assert config["tool"]["setuptools"]["dynamic"]["version"] == {
         "attr": "captum_iglens.__version__"}
-    assert captum_iglens.__version__ == "0.2.0"
+    assert captum_iglens.__version__ == "0.3.0.dev0"
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    assert f"## [{captum_iglens.__version__}]" in changelog  # every release has its section
+    release = captum_iglens.__version__.split(".dev")[0]
+    if release == captum_iglens.__version__:
+        assert f"## [{release}]" in changelog  # every release has its section
+    else:  # a development version: its changes gather under [Unreleased]
+        assert "## [Unreleased]" in changelog and f"## [{release}]" not in changelog
     assert "version=" not in (ROOT / "setup.py").read_text(encoding="utf-8")
 
 
