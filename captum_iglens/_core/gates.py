@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -56,12 +56,12 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
     """Hooks that gate block ``layers[j]``'s update at the last position by ``gates[:, j]``."""
     inputs: dict[int, Tensor] = {}
 
-    def pre(layer: int):
+    def pre(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             inputs[layer] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def post(j: int, layer: int):
+    def post(j: int, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             before = inputs[layer][:, -1]

@@ -16,7 +16,7 @@ pass each per attention segment and explained position.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,7 @@ def capture_head_inputs(blocks: nn.ModuleList, indices: Sequence[int], site: Hea
     Yields:
         dict: ``store``. Hooks are removed on exit, also after an error.
     """
-    def hook_for(index: int):
+    def hook_for(index: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             store[index] = args[0] if args else kwargs["input"]
         return hook

@@ -15,7 +15,7 @@ same input) have no such residual and are refused.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -47,9 +47,16 @@ def _with_last(hidden: Tensor, last: Tensor) -> Tensor:
     return last
 
 
+class _Gates(Protocol):
+    """What the hooks read of a :class:`~captum_iglens._core.gates.GateRows`."""
+
+    gates: Tensor
+    references: Tensor
+
+
 @contextmanager
 def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: HalfBlockSite,
-                        rows: object) -> Iterator[None]:
+                        rows: _Gates) -> Iterator[None]:
     """Hooks gating each chosen block's attention and MLP updates at the last position.
 
     Block ``layers[j]``'s attention update gets ``rows.gates[:, 2j]`` and reference
@@ -59,12 +66,12 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
     inputs: dict[int, Tensor] = {}
     moved: dict[int, tuple[Tensor, Tensor]] = {}
 
-    def block_in(layer: int):
+    def block_in(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             inputs[layer] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def half(j: int, layer: int):
+    def half(j: int, layer: int) -> Callable[..., tuple]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple:
             mid = args[0] if args else kwargs["hidden_states"]
             before = inputs[layer][:, -1].to(mid)
@@ -77,7 +84,7 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
                                                                   "hidden_states": mid})
         return hook
 
-    def block_out(j: int, layer: int):
+    def block_out(j: int, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             new_mid, shift = moved.pop(layer)

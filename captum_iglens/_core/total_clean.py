@@ -178,7 +178,7 @@ def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int]
                                                        spec.half_site, half))
         output = spec.model(ids, **kwargs)
     check_finite_residuals(spec.model, spec.decoder_blocks, finite)
-    states.update({("mid", L): h.detach() for L, h in half.items()})
+    states.update({("mid", L): h.detach() for L, h in half.items()})  # type: ignore[misc]  # half residuals keyed ("mid", L)
     if not cache:
         return states, None, output.logits
     found = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")

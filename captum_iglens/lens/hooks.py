@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -149,7 +149,7 @@ class ResidualShapeError(ValueError):
     """A decoder block's input or output is not a ``[B, S, d]`` residual stream."""
 
 
-def _check_shape(index: int, hidden: Tensor, shape: tuple[int, int], block: nn.Module) -> None:
+def _check_shape(index: int, hidden: Tensor, shape: tuple[int, ...], block: nn.Module) -> None:
     """Raise unless ``hidden`` is ``[B, S, d]`` for the input's ``(B, S)``."""
     if hidden.dim() == 3 and tuple(hidden.shape[:2]) == shape:
         return
@@ -171,7 +171,7 @@ def capture_residual_stream(
     device: Optional[torch.device] = None,
     finite: Optional[dict[int, Tensor]] = None,
     mask: Optional[Tensor] = None,
-    shape: Optional[tuple[int, int]] = None,
+    shape: Optional[tuple[int, ...]] = None,
     positions: Optional[Sequence[int]] = None,
     whole: Iterable[int] = (),
 ) -> Iterator[dict[int, Tensor]]:
@@ -261,7 +261,7 @@ def record_residual_steps(
     """
     wanted, full = set(layer_indices), set(whole)
     store: dict[int, list[Tensor]] = {index: [] for index in wanted}
-    shape: list[tuple[int, int]] = []
+    shape: list[tuple[int, ...]] = []
 
     def keep(index: int, hidden: Tensor) -> None:
         if index == 0:  # the first block's input opens every pass
@@ -305,7 +305,7 @@ def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
 
 
 def check_finite_residuals(model: nn.Module, blocks: nn.ModuleList,
-                           finite: dict[int, Tensor]) -> None:
+                           finite: Mapping[int, Union[bool, Tensor]]) -> None:
     """Raise naming the first hidden-state index whose residual holds NaN or inf.
 
     ``finite`` maps hidden-state indices to a bool (or 0-dim bool tensor): all finite.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from torch import Tensor, nn
 
@@ -78,7 +78,7 @@ _SWITCHED = {
 }
 
 
-def _config(model: nn.Module) -> object:
+def _config(model: nn.Module) -> Any:
     config = getattr(unwrap_model(model), "config", None)
     return getattr(config, "text_config", None) or config
 
@@ -161,13 +161,14 @@ def capture_half_residuals(blocks: nn.ModuleList, indices: list[int], site: Half
         yield store
 
 
-def _input_hook(index: int, store: dict[int, Tensor]):
+def _input_hook(index: int, store: dict[int, Tensor]) -> Callable[..., None]:
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         store[index] = args[0] if args else kwargs["hidden_states"]
     return hook
 
 
-def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
+def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]
+                         ) -> Callable[..., None]:
     """The submodule's input, in the block input's ``[B, S, d]`` shape (OPT flattens it)."""
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         shape = inputs.pop(index).shape
@@ -175,7 +176,8 @@ def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int,
     return hook
 
 
-def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
+def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]
+              ) -> Callable[..., None]:
     def hook(_m: nn.Module, _a: tuple, output: object) -> None:
         store[index] = inputs.pop(index) + _first(output)
     return hook
@@ -202,8 +204,9 @@ class HeadSite:
     n_heads: int
 
 
-def _projection(block: nn.Module, site: HeadSite) -> nn.Module:
-    return getattr(getattr(block, site.attention, None), site.projection, None)
+def _projection(block: nn.Module, site: HeadSite) -> nn.Linear:
+    """The output projection (:func:`head_site` checked it is an ``nn.Linear``)."""
+    return getattr(getattr(block, site.attention, None), site.projection, None)  # type: ignore[return-value]
 
 
 def head_site(model: nn.Module, blocks: nn.ModuleList) -> HeadSite:

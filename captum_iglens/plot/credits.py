@@ -187,7 +187,7 @@ def _trajectory(
     norm = BoundaryNorm(np.arange(n_tok + 1) - 0.5, n_tok)
     bar = fig.colorbar(ScalarMappable(norm=norm, cmap=ListedColormap(colours)), ax=ax,
                        label="answer token index", fraction=0.05, aspect=50)
-    bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))
+    bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))  # type: ignore[arg-type]  # an int array
     bar.ax.invert_yaxis()  # index 0 on top, as in the heatmap
 
 
@@ -247,7 +247,7 @@ def plot_result(
     probs = result.lens_probs.detach().float().cpu().numpy()
     size, widths, row_pt = _sizes(result, figsize, max_legend)
     fig = _new_figure(size)
-    fig.get_layout_engine().set(wspace=0.06)  # room between a colour bar and the next panel
+    fig.get_layout_engine().set(wspace=0.06)  # type: ignore[union-attr, call-arg]  # constrained layout  # room between a colour bar and the next panel
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
     ax_map = fig.add_subplot(grid[0])
     ax_traj = fig.add_subplot(grid[-1])

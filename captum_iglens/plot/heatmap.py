@@ -139,7 +139,7 @@ def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, r
     shown = np.ma.masked_array(attr, mask=np.zeros_like(attr, dtype=bool)) if attr.size \
         else np.ma.masked_array(np.zeros((1, k)))
     if apart and attr.size:
-        shown.mask[:, 0] = True
+        shown.mask[:, 0] = True  # type: ignore[index]  # a full [T, k] mask
     image = ax.imshow(  # Captum's colours: red negative, green positive
         shown, cmap=credit_colormap().with_extremes(bad=START_GREY),
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",

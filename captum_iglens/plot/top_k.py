@@ -101,7 +101,7 @@ def _is_answer(result: IGLensResult, t: int, j: int, r: int) -> bool:
     ids = result.top_k_ids
     if ids is not None:
         return int(ids[t, j, r]) == int(result.token_ids[t])
-    return result.top_k_tokens[t][j][r] == result.tokens[t]
+    return result.top_k_tokens[t][j][r] == result.tokens[t]  # type: ignore[index]  # checked by plot_top_k
 
 
 def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]],
@@ -110,7 +110,7 @@ def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]]
     for i, (t, j) in enumerate(t_rows):
         for r in range(ranks):
             hit = _is_answer(result, t, j, r)
-            label = fit_label(result.top_k_tokens[t][j][r], cell_pt - 3.0, fontsize, hit)
+            label = fit_label(result.top_k_tokens[t][j][r], cell_pt - 3.0, fontsize, hit)  # type: ignore[index]  # checked by plot_top_k
             text = ax.text(*column(i, r), label, ha="center", va="center", clip_on=True,
                            fontsize=fontsize, color=_HIT if hit else "black",
                            fontweight="bold" if hit else "normal")
@@ -201,7 +201,7 @@ def plot_top_k(
     names = layer_labels(result.layer_indices, result.granularity)
     axes[0].set_yticks(range(k), labels=names, fontsize=fontsize)
     axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=list(axes), label="logit-lens probability")
+    fig.colorbar(image, ax=list(axes), label="logit-lens probability")  # type: ignore[arg-type]  # one panel per token: set
     fig.suptitle(f"logit-lens top-{ranks} tokens at each layer (bold green = the answer "
                  f"token); {len(chosen)} of {len(result.tokens)} answer tokens", fontsize=9)
     _cell_pt(fig, axes[0], ranks, _CELL_IN)  # one layout for every panel, before any label

@@ -73,7 +73,7 @@ def logit_magnitude(readout: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]
         if transform is not None:
             raw = n
             z = transform(raw).double()
-            _, slope = torch.func.jvp(transform, (raw,), (torch.ones_like(raw),))
+            slope = torch.func.jvp(transform, (raw,), (torch.ones_like(raw),))[1]
             mag = slope.double().abs() * mag + z.abs()
     return z, mag
 

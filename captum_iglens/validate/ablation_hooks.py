@@ -7,7 +7,7 @@ residual stream before the final norm); a block's residual update is ``h_l - h_{
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +24,7 @@ def _with_hidden(output: object, hidden: Tensor) -> object:
     """``output`` with its residual stream replaced by ``hidden``, same structure."""
     if isinstance(output, Tensor):
         return hidden
-    return type(output)((hidden, *output[1:]))  # type: ignore[index]
+    return type(output)((hidden, *output[1:]))  # type: ignore[index, call-arg]  # a tuple
 
 
 @contextmanager
@@ -64,14 +64,14 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
     """
     inputs: dict[int, Tensor] = {}
 
-    def pre(layer: int):
+    def pre(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             inputs[layer] = args[0] if args else kwargs["hidden_states"]
             if record is not None and layer == 1:
                 record[0] = inputs[layer].detach()
         return hook
 
-    def post(layer: int):
+    def post(layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             if layer in plan:

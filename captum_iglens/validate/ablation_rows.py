@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -176,12 +176,12 @@ class _Growing:
         touched = 0 in self.joins or 0 in self.changes
         return _with_input(args, kwargs, hidden) if touched else None
 
-    def keep_input(self, layer: int):
+    def keep_input(self, layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             self.inputs[layer] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def output(self, layer: int):
+    def output(self, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             if layer in self.changes:
