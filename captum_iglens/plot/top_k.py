@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from captum_iglens._utils.views import ResultView
+
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from captum_iglens.results import IGLensResult
 
 __all__ = ["fit_label", "plot_top_k", "text_width_pt", "top1_grid"]
 
@@ -97,14 +98,14 @@ def _cell_pt(fig: Any, ax: Any, columns: int, fallback_in: float, layout: bool =
     return 72.0 * width_in / max(columns, 1)
 
 
-def _is_answer(result: IGLensResult, t: int, j: int, r: int) -> bool:
+def _is_answer(result: ResultView, t: int, j: int, r: int) -> bool:
     ids = result.top_k_ids
     if ids is not None:
         return int(ids[t, j, r]) == int(result.token_ids[t])
     return result.top_k_tokens[t][j][r] == result.tokens[t]  # type: ignore[index]  # checked by plot_top_k
 
 
-def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]],
+def _cell_texts(ax: Any, result: ResultView, t_rows: Sequence[tuple[int, int]],
                 ranks: int, cell_pt: float, fontsize: float, column: Any) -> None:
     """One fitted label per cell; ``column(i, r)`` gives the x of row ``i``'s rank ``r``."""
     for i, (t, j) in enumerate(t_rows):
@@ -117,7 +118,7 @@ def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]]
             text.set_in_layout(False)
 
 
-def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in: float) -> None:
+def top1_grid(fig: Any, ax: Any, result: ResultView, fontsize: float, cell_in: float) -> None:
     """The logit lens's top-1 token per answer token (rows) and layer (columns)."""
     from captum_iglens._utils.display import layer_labels
 
@@ -134,7 +135,7 @@ def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in:
                 lambda i, r: (cells[i][1], cells[i][0]))
 
 
-def _check(result: IGLensResult, top_k: Optional[int]) -> int:
+def _check(result: ResultView, top_k: Optional[int]) -> int:
     if not result.top_k_tokens or not result.tokens:
         raise ValueError("The result holds no top-k tokens: explain(..., top_k=5) or "
                          "iglens --top-k 5 records them.")
@@ -147,7 +148,7 @@ def _check(result: IGLensResult, top_k: Optional[int]) -> int:
 
 
 def plot_top_k(
-    result: IGLensResult,
+    result: ResultView,
     tokens: Optional[Sequence[int]] = None,
     top_k: Optional[int] = None,
     max_panels: int = 4,
