@@ -45,7 +45,13 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.testing._bounds import reduction_length  # noqa: F401  (one copy)
+# One copy of each helper: the package's (captum_iglens.testing), re-exported for the tests.
+from captum_iglens.results._bounds import completeness_bound as completeness_tol  # noqa: F401
+from captum_iglens.testing._bounds import (  # noqa: F401
+    logit_magnitude,
+    readout_prob_magnitude,
+    reduction_length,
+)
 
 EPS32 = torch.finfo(torch.float32).eps  # 2**-23 ~ 1.19e-7
 
@@ -68,26 +74,6 @@ def f32_tol(*magnitudes: Number, n_terms: int = 1, eps: float = EPS32) -> Number
     for mag in magnitudes:
         total = total + (mag.detach().double().abs() if isinstance(mag, Tensor) else abs(mag))
     return eps * math.sqrt(max(n_terms, 1)) * total
-
-
-def completeness_tol(attributions: Tensor, delta_p: Tensor) -> Tensor:
-    """Rigorous bound on ``|attributions.sum(-1) - delta_p|`` for prediction-aware credits.
-
-    The credits are endpoint differences of probabilities taken in float64 (exact for
-    float32 inputs) and rounded once to the output dtype (``<= u |c_j|``); torch sums the
-    ``k`` of them in the output dtype in an order that depends on the CPU's vector width
-    (``<= (k - 1) u sum|c_j|``); ``delta_p = p_final - p_baseline`` is rounded once
-    (``<= u |delta_p|``). Hence ``|delta| <= u (k sum|c_j| + |delta_p|)`` (plus ``O(u^2)``).
-
-    Note that this exceeds 1e-6 in float32 once ``k sum|c_j| > ~17`` (30 layers with
-    ``sum|c_j| > 0.56``): the sum of 30 float32 credits cannot promise 1e-6 by itself.
-
-    Returns the bound per explained prediction (the shape of ``delta_p``), float64.
-    """
-    u = torch.finfo(attributions.dtype).eps / 2
-    k = attributions.shape[-1]
-    mags = k * attributions.detach().double().abs().sum(-1)
-    return u * (mags + delta_p.detach().double().abs())
 
 
 @contextmanager
@@ -420,51 +406,3 @@ def head_gradient_magnitude(readout: nn.Module, nodes: Tensor, target: Tensor, m
            + p_y * at_y_plus_mean((nd @ w.T).abs()) * at_y_plus_mean(n_abs @ w.abs().T + bias)
            + (grad * d).abs().sum(-1))
     return (mag * weights.abs()).sum(-1)
-
-
-def logit_magnitude(readout: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
-    """The logits ``z = readout(hidden)`` and the sum of |terms| of each, ``[..., V]``,
-    float64, for any lens readout (final norm, projections, head with bias, soft-cap or
-    scale).
-
-    The final norm's output ``n`` carries a relative rounding: its magnitude is ``|n|``
-    (for LayerNorm and Llama RMSNorm the closed form's ``|n|abs``, which also counts
-    ``|x| + |mean|``); each linear map adds ``|W| |input|abs + |b|``; an elementwise logit
-    transform ``t`` (soft-cap, scale) maps a magnitude ``Z`` to ``|t'(z)| Z + |t(z)|``.
-    """
-    x = hidden.detach()
-    with torch.no_grad():
-        n = readout.final_norm(x) if readout.final_norm is not None else x
-        try:
-            _, _, n_abs, _, _ = _norm_terms(readout.final_norm, x.double(), x.double())
-        except (NotImplementedError, AttributeError):
-            n_abs = n.double().abs()
-        for module in [*getattr(readout, "pre_unembed", []), readout.unembed]:
-            w = module.weight.detach().double()
-            n_abs = n_abs @ w.abs().T
-            if getattr(module, "bias", None) is not None:
-                n_abs = n_abs + module.bias.detach().double().abs()
-            n = module(n)
-        z = n.double()
-        transform = getattr(readout, "logit_transform", None)
-        if transform is not None:
-            raw = z
-            z = transform(raw.to(n.dtype)).double()
-            _, slope = torch.func.jvp(lambda t: transform(t), (raw,), (torch.ones_like(raw),))
-            n_abs = slope.abs() * n_abs + z.abs()
-    return z, n_abs
-
-
-def readout_prob_magnitude(readout: nn.Module, hidden: Tensor) -> Tensor:
-    """Sum of |terms| of every probability ``softmax(readout(hidden))``, ``[..., V]``,
-    float64, in closed form from :func:`logit_magnitude` (any lens readout).
-
-    An error ``dz`` of the logits moves ``p_v`` by ``p_v (dz_v - sum_u p_u dz_u)``: the
-    magnitude is ``p_v (Z_v + sum_u p_u Z_u)``, plus ``p_v`` for the softmax's own rounding.
-    :func:`readout_sensitivity` gives the same to a factor 2 for one target (it also counts
-    each intermediate value as its consumer's input); this covers the whole vocabulary at
-    the cost of one matrix product.
-    """
-    z, z_abs = logit_magnitude(readout, hidden)
-    p = torch.softmax(z, -1)
-    return p * (z_abs + (p * z_abs).sum(-1, keepdim=True)) + p

@@ -92,9 +92,13 @@ def test_the_version_has_one_source() -> None:
     assert config["project"]["dynamic"] == ["version"]
     assert config["tool"]["setuptools"]["dynamic"]["version"] == {
         "attr": "captum_iglens.__version__"}
-    assert captum_iglens.__version__ == "0.2.0"
+    assert captum_iglens.__version__ == "0.3.0.dev0"
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    assert f"## [{captum_iglens.__version__}]" in changelog  # every release has its section
+    release = captum_iglens.__version__.split(".dev")[0]
+    if release == captum_iglens.__version__:
+        assert f"## [{release}]" in changelog  # every release has its section
+    else:  # a development version: its changes gather under [Unreleased]
+        assert "## [Unreleased]" in changelog and f"## [{release}]" not in changelog
     assert "version=" not in (ROOT / "setup.py").read_text(encoding="utf-8")
 
 
@@ -163,3 +167,16 @@ def test_the_pytest_plugin_costs_nothing_where_unused(tmp_path) -> None:
     assert "captum_iglens.testing.plugin" in modules
     heavy = sorted(m for m in modules if m.split(".")[0] in {"torch", "transformers", "captum"})
     assert not heavy, heavy[:10]
+
+
+def test_the_type_checker_runs_in_ci_with_its_stated_strictness() -> None:
+    config = pyproject()["tool"]["mypy"]
+    assert config["files"] == ["captum_iglens"]
+    for flag in ("disallow_untyped_defs", "disallow_incomplete_defs", "check_untyped_defs"):
+        assert config[flag] is True, flag
+    assert not pyproject()["tool"]["mypy"].get("overrides")  # the same strictness everywhere
+    assert any(dep.startswith("mypy") for dep in pyproject()["project"]["optional-dependencies"]
+               ["test"])
+    steps = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert steps.index("python -m mypy captum_iglens") > steps.index(
+        "python -m ruff check captum_iglens tests benchmarks")

@@ -24,7 +24,7 @@ from tiny_tokenizer import word_tokenizer
 from torch import nn
 
 from captum_iglens import IGLens
-from captum_iglens.cli import CliError, read_prompts
+from captum_iglens.cli import UsageError, read_prompts
 from captum_iglens.lens.architectures import vocab_size
 from captum_iglens.lens.state import execution_device, model_dtype
 from captum_iglens.text.explain_prompt import build_prompt_ids, explain, target_token_id
@@ -385,10 +385,10 @@ def test_cli_prompts_file(tmp_path) -> None:
     args = argparse.Namespace(prompts_file=str(path), stdin=False, prompt=[])
     assert read_prompts(args) == ["first prompt", "second prompt"]
     (tmp_path / "empty.txt").write_text("\n \n", encoding="utf-8")
-    with pytest.raises(CliError, match="holds no prompt"):
+    with pytest.raises(UsageError, match="holds no prompt"):
         read_prompts(argparse.Namespace(prompts_file=str(tmp_path / "empty.txt"), stdin=False,
                                         prompt=[]))
-    with pytest.raises(CliError, match="cannot read --prompts-file"):
+    with pytest.raises(UsageError, match="cannot read --prompts-file"):
         read_prompts(argparse.Namespace(prompts_file=str(tmp_path / "nope.txt"), stdin=False,
                                         prompt=[]))
 

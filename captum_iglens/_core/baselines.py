@@ -11,7 +11,7 @@ Captum comparison.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeGuard, Union
 
 import torch
 from torch import Tensor, nn
@@ -52,7 +52,7 @@ BASELINE_DESCRIPTIONS: dict[str, str] = {
 }
 
 
-def is_reference_ids(baselines: object) -> bool:
+def is_reference_ids(baselines: object) -> TypeGuard[Tensor]:
     """Whether ``baselines`` is a tensor of reference token ids (an integer tensor)."""
     return isinstance(baselines, Tensor) and not (
         baselines.is_floating_point() or baselines.is_complex() or baselines.dtype == torch.bool
@@ -226,7 +226,7 @@ def _default_filler(model: nn.Module, tokenizer: Any) -> int:
         value = getattr(config, name, None)
         value = value[0] if isinstance(value, (list, tuple)) and value else value
         if value is not None:
-            return int(value)
+            return int(value)  # type: ignore[arg-type]  # a config's token id
     raise ValueError("No tokenizer and no BOS/EOS id in the config: pass baselines=<token id>.")
 
 

@@ -61,15 +61,16 @@ class PathCapture:
 
         Row-major order; ``positions`` lists each pair's position.
         """
-        def pick(tensor: Optional[Tensor]) -> Optional[Tensor]:
-            return None if tensor is None else tensor[explained.to(tensor.device)][None]
+        def pick(tensor: Tensor) -> Tensor:
+            return tensor[explained.to(tensor.device)][None]
 
         path = self.path
         reference = self.reference
         if reference is not None:
             reference = ModelDistribution(pick(reference.log_probs), pick(reference.logit_max))
         return PathCapture(
-            path=PathNodes(pick(path.nodes), pick(path.target), path.log, pick(path.contrast)),
+            path=PathNodes(pick(path.nodes), pick(path.target), path.log,
+                           None if path.contrast is None else pick(path.contrast)),
             model_probs=pick(self.model_probs), model_argmax=pick(self.model_argmax),
             positions=[self.positions[c] for c in explained.nonzero()[:, 1].tolist()],
             single=False, baseline=self.baseline, reference=reference,

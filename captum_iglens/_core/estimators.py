@@ -31,6 +31,7 @@ from captum_iglens._utils.captum_compat import (
 )
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens._utils.typing import Readout
+from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.readout import (
     ReadoutMismatchError,
     lens_values,
@@ -107,8 +108,7 @@ def _row_start_values(readout: Readout, path: PathNodes) -> Tensor:
     rows, _ = pad_rows(path.nodes[:, 0, 0], path.target[:, 0])
     with torch.no_grad():
         logits = readout(rows)[:batch]
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    log_probs = wide_log_softmax(logits)
     ids = path.row_ids((batch, n_pos))
     ids = ids.view(batch, n_pos, *ids.shape[1:])
     # each row's one distribution, viewed (not copied) once per position
@@ -163,8 +163,7 @@ def _read_final(readout: Readout, path: PathNodes, chunk: int,
             rows, _ = pad_rows(hidden[start:start + chunk], pair[start:start + chunk])
             n_real = min(chunk, hidden.shape[0] - start)
             logits = readout(rows)[:n_real]
-            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-            log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+            log_probs = wide_log_softmax(logits)
             del logits
             values.append(lens_values(log_probs, ids[start:start + n_real], path.log))
             if reference is None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.distribution import wide_log_softmax
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
 from captum_iglens.lens.sublayer import HalfBlockSite
@@ -54,14 +55,13 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
                 ) -> Iterator[None]:
     """Hooks that gate block ``layers[j]``'s update at the last position by ``gates[:, j]``."""
     inputs: dict[int, Tensor] = {}
-    handles = []
 
-    def pre(layer: int):
+    def pre(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             inputs[layer] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def post(j: int, layer: int):
+    def post(j: int, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             before = inputs[layer][:, -1]
@@ -71,15 +71,12 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
             return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for j, layer in enumerate(layers):
             block = blocks[layer - 1]
-            handles.append(add_forward_pre_hook(block, pre(layer), with_kwargs=True))
-            handles.append(add_forward_hook(block, post(j, layer)))
+            hooks.pre(block, pre(layer), with_kwargs=True)
+            hooks.forward(block, post(j, layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def gated_values(
@@ -124,8 +121,7 @@ def gated_values(
              else sublayer_gate_hooks(blocks, layers, site, live))
     with torch.set_grad_enabled(grad), hooks:
         logits = model(token, **kwargs).logits[:, -1]
-        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+        log_probs = wide_log_softmax(logits)
         values = lens_values(log_probs, rows.ids, rows.log)
         if not grad:
             return values.detach(), None

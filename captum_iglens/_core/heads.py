@@ -16,13 +16,13 @@ pass each per attention segment and explained position.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.estimators import PathNodes
-from captum_iglens.lens.hooks import add_forward_pre_hook
+from captum_iglens.lens.hooks import held_hooks
 from captum_iglens.lens.readout import Readout, pad_rows, readout_values
 from captum_iglens.lens.sublayer import HeadSite, _projection
 
@@ -43,21 +43,15 @@ def capture_head_inputs(blocks: nn.ModuleList, indices: Sequence[int], site: Hea
     Yields:
         dict: ``store``. Hooks are removed on exit, also after an error.
     """
-    handles = []
-
-    def hook_for(index: int):
+    def hook_for(index: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             store[index] = args[0] if args else kwargs["input"]
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for index in indices:
-            proj = _projection(blocks[index - 1], site)
-            handles.append(add_forward_pre_hook(proj, hook_for(index)))
+            hooks.pre(_projection(blocks[index - 1], site), hook_for(index))
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def head_pieces(blocks: nn.ModuleList, site: HeadSite, index: int, z: Tensor) -> Tensor:

@@ -82,7 +82,7 @@ def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int
     if isinstance(positions, Tensor):
         if positions.is_floating_point() or positions.dtype == torch.bool:
             raise TypeError(f"positions must be integers, got a {positions.dtype} tensor.")
-        positions = positions.item() if positions.dim() == 0 else positions.tolist()
+        positions = positions.item() if positions.dim() == 0 else positions.tolist()  # type: ignore[assignment]  # ints: checked below
     if isinstance(positions, np.ndarray):
         positions = positions.tolist()
     single = is_int(positions)

@@ -11,6 +11,9 @@ cumulative sums ``C_j = c_1 + ... + c_j`` and total ``C_k = delta_p``:
   ``|c|`` mass (it can sit on a layer that lowers the probability).
 
 Where every credit is zero (``delta_p = 0`` and no mass) the onset is the first chosen layer.
+
+The sustained rule is :func:`sustained_columns`, on any cumulative curve: the causal
+validation applies the same function to ablation drops and lens levels.
 """
 
 from __future__ import annotations
@@ -23,23 +26,40 @@ from torch import Tensor
 from captum_iglens.settings import DEFAULT_ONSET_FRAC, DEFAULT_ONSET_RULE
 from captum_iglens.settings import ONSET_RULES as SETTINGS_ONSET_RULES
 
-__all__ = ["ONSET_RULES", "onset_layer_indices"]
+__all__ = ["ONSET_RULES", "onset_layer_indices", "sustained_columns"]
 
 #: Onset rules accepted by :func:`onset_layer_indices` (:data:`captum_iglens.settings.ONSET_RULES`).
 ONSET_RULES: tuple[str, ...] = SETTINGS_ONSET_RULES
 
 
-def _sustained(credits: Tensor, frac: float) -> Tensor:
-    cumulative = credits.cumsum(-1)
+def sustained_columns(cumulative: Tensor, frac: float, scale: Tensor) -> Tensor:
+    """The sustained rule: the first column from which a cumulative curve stays past ``frac``.
+
+    For ``C_1..C_k`` with end ``C_k`` and ``s`` its sign: the first ``j`` with
+    ``s C_j' >= s frac C_k - 1e-12 scale`` for every ``j' >= j`` (the relative slack keeps
+    a column that reaches the threshold up to float64 rounding). A NaN entry fails.
+
+    Args:
+        cumulative (Tensor): ``[..., k]`` float64 cumulative values.
+        frac (float): Fraction in ``(0, 1]`` (not checked here).
+        scale (Tensor): ``[..., 1]`` the magnitude the slack is relative to (the credits'
+            ``sum |c|``; ``max |C|`` where only the curve is known).
+
+    Returns:
+        Tensor: ``[...]`` int64 columns (0-based); ``k - 1`` at the latest.
+    """
     total = cumulative[..., -1:]
-    sign = torch.where(total < 0, -1.0, 1.0).to(credits.dtype)
-    # A relative slack keeps a layer that reaches the threshold up to float64 rounding.
-    slack = 1e-12 * credits.abs().sum(-1, keepdim=True)
-    ok = sign * cumulative >= sign * frac * total - slack
+    sign = torch.where(total < 0, -1.0, 1.0).to(cumulative.dtype)
+    ok = sign * cumulative >= sign * frac * total - 1e-12 * scale
     # the first index from which ok holds to the end: 1 + the last index where it fails
     failing = (~ok).to(torch.int64)
-    positions = torch.arange(1, credits.shape[-1] + 1, dtype=torch.int64, device=credits.device)
-    return (failing * positions).amax(-1).clamp(max=credits.shape[-1] - 1)
+    n = cumulative.shape[-1]
+    positions = torch.arange(1, n + 1, dtype=torch.int64, device=cumulative.device)
+    return (failing * positions).amax(-1).clamp(max=n - 1)
+
+
+def _sustained(credits: Tensor, frac: float) -> Tensor:
+    return sustained_columns(credits.cumsum(-1), frac, credits.abs().sum(-1, keepdim=True))
 
 
 def _mass(credits: Tensor, frac: float) -> Tensor:

@@ -9,7 +9,7 @@ own distribution, the chosen estimator's credits, and the convergence delta
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -69,7 +69,11 @@ def _top_k(readout: Callable[[Tensor], Tensor], path: PathNodes, k: int,
     return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
 
 
-def _spread(flat: Optional[Tensor], explained: Tensor, fill: float) -> Optional[Tensor]:
+#: A tensor field of an output, or one that may be absent: kept as it is by :func:`_spread`.
+_MaybeTensor = TypeVar("_MaybeTensor", Tensor, Optional[Tensor])
+
+
+def _spread(flat: _MaybeTensor, explained: Tensor, fill: float) -> _MaybeTensor:
     """``flat [1, N, ...]`` back to ``[B, P, ...]``, ``fill`` where ``explained`` is False."""
     if flat is None:
         return None
@@ -130,7 +134,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
     path = replace(cap.path, log=spec.units == "log-probability")
     checked = spec.check_readout and cap.reference is not None
     reference = cap.reference.log_probs.reshape(-1, cap.reference.log_probs.shape[-1]) \
-        if checked else None
+        if checked and cap.reference is not None else None
     nodes = read_nodes(readout, path, chunk, reference)
     del reference  # a view of the model's [B, P, V] distribution: freed below
     probs = nodes.values
@@ -138,6 +142,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
     check_readout(readout, probs, cap.model_probs, model_dtype(spec.model), name,
                   verify=spec.check_readout, final=nodes.final)
     if checked:
+        assert nodes.errors is not None and cap.reference is not None  # read_nodes with a reference
         check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
                                   path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check

@@ -15,12 +15,12 @@ same input) have no such residual and are refused.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.sublayer import HalfBlockSite
 
 __all__ = ["sublayer_gate_hooks", "with_hidden"]
@@ -47,9 +47,16 @@ def _with_last(hidden: Tensor, last: Tensor) -> Tensor:
     return last
 
 
+class _Gates(Protocol):
+    """What the hooks read of a :class:`~captum_iglens._core.gates.GateRows`."""
+
+    gates: Tensor
+    references: Tensor
+
+
 @contextmanager
 def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: HalfBlockSite,
-                        rows: object) -> Iterator[None]:
+                        rows: _Gates) -> Iterator[None]:
     """Hooks gating each chosen block's attention and MLP updates at the last position.
 
     Block ``layers[j]``'s attention update gets ``rows.gates[:, 2j]`` and reference
@@ -58,14 +65,13 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
     """
     inputs: dict[int, Tensor] = {}
     moved: dict[int, tuple[Tensor, Tensor]] = {}
-    handles = []
 
-    def block_in(layer: int):
+    def block_in(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             inputs[layer] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def half(j: int, layer: int):
+    def half(j: int, layer: int) -> Callable[..., tuple]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple:
             mid = args[0] if args else kwargs["hidden_states"]
             before = inputs[layer][:, -1].to(mid)
@@ -78,7 +84,7 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
                                                                   "hidden_states": mid})
         return hook
 
-    def block_out(j: int, layer: int):
+    def block_out(j: int, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             new_mid, shift = moved.pop(layer)
@@ -89,14 +95,10 @@ def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: Half
             return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for j, layer in enumerate(layers):
             block = blocks[layer - 1]
-            handles.append(add_forward_pre_hook(block, block_in(layer), with_kwargs=True))
-            handles.append(add_forward_pre_hook(getattr(block, site.module),
-                half(j, layer), with_kwargs=True))
-            handles.append(add_forward_hook(block, block_out(j, layer)))
+            hooks.pre(block, block_in(layer), with_kwargs=True)
+            hooks.pre(getattr(block, site.module), half(j, layer), with_kwargs=True)
+            hooks.forward(block, block_out(j, layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()

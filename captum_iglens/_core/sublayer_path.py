@@ -86,10 +86,10 @@ def capture_sublayer_path(
     chosen = [index for index in spec.layer_indices if index]
     with ExitStack() as stack:
         stack.enter_context(capture_half_residuals(spec.decoder_blocks, chosen,
-                                                   spec.half_site, half))
+                                                   spec.half_site, half))  # type: ignore[arg-type]  # a sub-layer spec
         if spec.heads:
             stack.enter_context(capture_head_inputs(spec.decoder_blocks, chosen,
-                                                    spec.head_site, head_inputs))
+                                                    spec.head_site, head_inputs))  # type: ignore[arg-type]  # heads=True
         cap = capture_path(spec, request, target=target, baselines=baselines,
                            contrast=contrast)
     nodes = _interleave(cap.path.nodes, half, spec.layer_indices, cap.positions)
@@ -136,7 +136,7 @@ def _heads_of(spec: LensSpec, cap: PathCapture, out: Any, head_inputs: dict[int,
     segments = [m + 1 for m, index in enumerate(nodes) if index % 2]
     device = cap.path.nodes.device
     pieces = torch.stack([
-        head_pieces(spec.decoder_blocks, spec.head_site, (index + 1) // 2,
+        head_pieces(spec.decoder_blocks, spec.head_site, (index + 1) // 2,  # type: ignore[arg-type]  # heads=True
                     head_inputs[(index + 1) // 2][:, cap.positions])
         for index in nodes if index % 2], dim=2)
     values = torch.cat([out.p_baseline[..., None], out.lens_probs], dim=-1)

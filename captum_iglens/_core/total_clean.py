@@ -18,6 +18,7 @@ from torch import Tensor
 
 from captum_iglens._core.pipeline import readout_chunk
 from captum_iglens._core.request import PathRequest
+from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.hooks import capture_residual_stream, check_finite_residuals
 from captum_iglens.lens.kv_cache import cache_tensors
 from captum_iglens.lens.readout import readout_probs, readout_top_k
@@ -177,7 +178,7 @@ def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int]
                                                        spec.half_site, half))
         output = spec.model(ids, **kwargs)
     check_finite_residuals(spec.model, spec.decoder_blocks, finite)
-    states.update({("mid", L): h.detach() for L, h in half.items()})
+    states.update({("mid", L): h.detach() for L, h in half.items()})  # type: ignore[misc]  # half residuals keyed ("mid", L)
     if not cache:
         return states, None, output.logits
     found = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")
@@ -230,7 +231,6 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
     pos = request.positions
     if logits.shape[1] == request.seq_len:
         logits = logits[:, pos]
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
     ref = None
     if request.reference_ids is not None:
         ref_states, _, _ = _forward(spec, request.reference_ids, request, needed, cache_kw,
@@ -240,7 +240,7 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
     return CleanTrace(
         layers=layers, updates=_updates(states, layers, sub),
         nodes=torch.stack([h[:, pos] for h in _nodes(states, layers, sub)], dim=2), kv=kv,
-        log_probs=torch.log_softmax(logits.detach().to(wide), dim=-1), request=request,
+        log_probs=wide_log_softmax(logits.detach()), request=request,
         cache_kw=cache_kw, reference_updates=ref,
         takes_position_ids="position_ids" in forward_parameters(spec.model),
         site=spec.half_site if sub else None)

@@ -14,16 +14,14 @@ scale shared with likely tokens its row is blank. Two displays keep it visible:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from captum_iglens._utils.format import layer_names
+from captum_iglens._utils.views import ResultView
 from captum_iglens.settings import DEFAULT_GRANULARITY
-
-if TYPE_CHECKING:  # pragma: no cover
-    from captum_iglens.results.explanation import IGLensResult
 
 __all__ = ["CREDIT_COLOURS", "DISPLAYS", "START_GREY", "credit_colormap", "display_attributions",
            "layer_labels", "row_normalised", "spanned_labels", "spans_blocks", "start_apart",
@@ -71,7 +69,7 @@ def row_normalised(attributions: Tensor) -> Tensor:
                        torch.zeros_like(attributions))
 
 
-def display_attributions(result: IGLensResult, display: str) -> tuple[Tensor, str]:
+def display_attributions(result: ResultView, display: str) -> tuple[Tensor, str]:
     """The ``[T, k]`` values drawn for ``display`` and their colour-bar label.
 
     Raises:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Callable, Sequence, TypeGuard, Union
 
 import numpy as np
 from torch import Tensor, nn
@@ -21,6 +21,6 @@ BaselineSpec = Union[str, Tensor]
 Readout = Callable[[Tensor], Tensor]
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[Union[int, np.integer]]:
     """An int (numpy ints included), not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

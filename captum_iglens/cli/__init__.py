@@ -25,7 +25,6 @@ from captum_iglens.cli._common import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
     EXIT_USAGE,
-    CliError,
     Parser,
     UsageError,
     exit_status_help,
@@ -34,8 +33,17 @@ from captum_iglens.cli._common import (
 from captum_iglens.cli._prompt_options import read_prompts
 from captum_iglens.cli._registry import COMMANDS, DEFAULT_COMMAND
 
-__all__ = ["COMMANDS", "CliError", "UsageError", "build_parser", "main", "parse_args",
-           "read_prompts"]
+__all__ = ["COMMANDS", "UsageError", "build_parser", "main", "parse_args", "read_prompts"]
+
+
+def __getattr__(name: str) -> type[UsageError]:
+    """``CliError``: the former name of :class:`UsageError`, deprecated (removed in 0.4.0)."""
+    if name == "CliError":
+        warnings.warn("captum_iglens.cli.CliError is now captum_iglens.cli.UsageError; import "
+                      "that (this alias will be removed in 0.4.0)", DeprecationWarning,
+                      stacklevel=2)
+        return UsageError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 EXIT_STATUS_HELP = exit_status_help(
     runtime="runtime error: the model could not be loaded, the computation failed or an "

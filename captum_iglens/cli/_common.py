@@ -15,7 +15,6 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_RUNTIME",
     "EXIT_USAGE",
-    "CliError",
     "Parser",
     "UsageError",
     "add_check",
@@ -61,10 +60,6 @@ def exit_status_help(runtime: str, usage: str, success: str = "success",
 
 class UsageError(Exception):
     """A mistake in the command line: printed as one ``iglens: error:`` line, exit status 2."""
-
-
-#: Former name of :class:`UsageError`, kept for code that imports it.
-CliError = UsageError
 
 
 class Parser(argparse.ArgumentParser):

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         internal_batch_size=args.internal_batch_size, tokenizer=tokenizer,
     )
     if target is not None:  # the token the model generated greedily, not one the user gave
-        report.target_source = GREEDY_SOURCE
+        report.target_source = GREEDY_SOURCE  # type: ignore[union-attr]  # one position: a report
     print(f"prompt: {opts.echo(prompt)}")
     print(opts.template_note(used))
     print(f"explaining: {opts.echo(what)}")
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_path:
         write_json(args.json_path, {"prompt": prompt, "explained": what, **report.to_dict()})
     if args.plot_path:
-        report.plot().savefig(args.plot_path, dpi=120)
+        report.plot().savefig(args.plot_path, dpi=120)  # type: ignore[union-attr]  # a report
         print(f"wrote {args.plot_path}", file=sys.stderr)
     return 0
 

@@ -122,7 +122,7 @@ def _captum_layer(ctx: CompareContext, name: str, label: str) -> MethodCompleten
     if use_embeds:
         embed = input_embeddings(ctx.model)
         with torch.no_grad():
-            x, xb = embed(x), embed(xb)
+            x, xb = embed(x), embed(xb)  # type: ignore[misc]  # a causal LM has input embeddings
     per_layer, deltas, times, abs_sums, sizes = [], [], [], [], []
     start = time.perf_counter()
     for index in progress_bar(ctx.lens.layer_indices, desc=f"Captum {label}", unit="layer"):

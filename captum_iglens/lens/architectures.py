@@ -82,7 +82,7 @@ def strip_parallel(model: nn.Module) -> nn.Module:
     """
     inner = model
     while isinstance(inner, PARALLEL_WRAPPERS):
-        inner = inner.module
+        inner = inner.module  # type: ignore[assignment]  # a wrapper's .module is an nn.Module
     return inner
 
 

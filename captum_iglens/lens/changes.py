@@ -18,17 +18,13 @@ shape needs no new lens (both follow it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from torch import nn
 
 from captum_iglens.lens.architectures import UnknownArchitectureError, locate_parts
 
 __all__ = ["ModelChangedError", "ModelStructure", "check_unchanged"]
-
-if TYPE_CHECKING:
-    from captum_iglens.lens.spec import LensSpec
-
 
 class ModelChangedError(ValueError):
     """The model was edited after the ``IGLens`` that explains it was built."""
@@ -69,7 +65,26 @@ def _same(now: tuple, built: tuple) -> bool:
     return len(now) == len(built) and all(a is b for a, b in zip(now, built, strict=True))
 
 
-def _block_changes(spec: LensSpec) -> list[str]:
+class BuiltLens(Protocol):
+    """What :func:`check_unchanged` reads of a :class:`~captum_iglens.lens.spec.LensSpec`.
+
+    Named here, below the spec, so that this module does not import the spec's.
+    """
+
+    @property
+    def model(self) -> nn.Module:
+        """The explained model."""
+
+    @property
+    def decoder_blocks(self) -> nn.ModuleList:
+        """The decoder blocks the lens was built on."""
+
+    @property
+    def structure(self) -> ModelStructure:
+        """The located parts as built."""
+
+
+def _block_changes(spec: BuiltLens) -> list[str]:
     """What changed in the decoder blocks: the list at its path, or its members."""
     built = spec.structure
     if built.blocks_path is not None:
@@ -96,7 +111,7 @@ def _block_changes(spec: LensSpec) -> list[str]:
     return []
 
 
-def check_unchanged(spec: LensSpec) -> None:
+def check_unchanged(spec: BuiltLens) -> None:
     """Raise if ``spec.model`` no longer has the blocks, final norm or head the spec holds.
 
     Raises:

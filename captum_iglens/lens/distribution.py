@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["ModelDistribution", "distribution_tolerance", "log_prob_errors"]
+__all__ = [
+    "ModelDistribution",
+    "distribution_tolerance",
+    "log_prob_errors",
+    "wide_dtype",
+    "wide_log_softmax",
+]
 
 #: The readout runs the model's own final norm, head and transform on the model's own ``h_n``:
 #: only kernel choices differ (rows per call, ``logits_to_keep``). Measured on CPU, in units of
@@ -28,6 +34,26 @@ _ACCUMULATION_ULPS = 4.0
 
 #: ``torch.get_float32_matmul_precision()`` -> unit roundoff of float32 matmul inputs.
 _MATMUL_EPS = {"high": 2.0**-10, "medium": 2.0**-7}
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype IG-Lens reads probabilities in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def wide_log_softmax(logits: Tensor) -> Tensor:
+    """``log_softmax(logits)`` over the last (vocabulary) dimension, in :func:`wide_dtype`.
+
+    Args:
+        logits (Tensor): ``[..., V]`` logits of any float dtype (a half-precision model's
+            too: they are widened before the softmax, so small probabilities keep their
+            digits).
+
+    Returns:
+        Tensor: ``[..., V]`` log-probabilities, float32 (float64 for float64 logits), on
+        the logits' device; in the autograd graph when the logits are.
+    """
+    return torch.log_softmax(logits.to(wide_dtype(logits.dtype)), dim=-1)
 
 
 @dataclass
@@ -47,9 +73,8 @@ class ModelDistribution:
     @classmethod
     def from_logits(cls, logits: Tensor) -> ModelDistribution:
         """From the model's logits ``[B, P, V]`` (any float dtype) at the explained positions."""
-        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
         logit_max = logits.detach().abs().nan_to_num_(0.0, 0.0, 0.0).amax(-1).float()
-        return cls(torch.log_softmax(logits.to(wide), dim=-1), logit_max)
+        return cls(wide_log_softmax(logits), logit_max)
 
 
 def log_prob_errors(logits: Tensor, reference: Tensor) -> Tensor:

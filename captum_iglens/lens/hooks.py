@@ -9,14 +9,15 @@ to it again normalises twice.
 Every hook of this package is registered through :func:`add_forward_hook` /
 :func:`add_forward_pre_hook`: it fires only for forward passes run by the thread that
 registered it, so a forward of the same model in another thread (another explanation, or a
-plain ``generate``) neither fills nor alters what this call records.
+plain ``generate``) neither fills nor alters what this call records. Hooks that live for a
+block of code are held by :func:`held_hooks`, which removes every one of them on exit.
 """
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -24,12 +25,14 @@ from torch import Tensor, nn
 from captum_iglens.lens.state import model_state_preserved
 
 __all__ = [
+    "HookSet",
     "ResidualShapeError",
     "add_forward_hook",
     "add_forward_pre_hook",
     "capture_residual_stream",
     "check_finite_residuals",
     "forward_with_capture",
+    "held_hooks",
     "hidden_of",
     "record_residual_steps",
     "residual_tap",
@@ -78,6 +81,47 @@ def add_forward_pre_hook(module: nn.Module, hook: Callable[..., Any],
     return module.register_forward_pre_hook(_this_thread(hook), with_kwargs=with_kwargs)
 
 
+class HookSet:
+    """The hooks registered for one :func:`held_hooks` block; all removed when it closes."""
+
+    def __init__(self) -> None:
+        """No hooks yet."""
+        self._handles: list[Any] = []
+
+    def forward(self, module: nn.Module, hook: Callable[..., Any],
+                with_kwargs: bool = False) -> None:
+        """:func:`add_forward_hook` ``(module, hook, with_kwargs)``, held by this set."""
+        self._handles.append(add_forward_hook(module, hook, with_kwargs=with_kwargs))
+
+    def pre(self, module: nn.Module, hook: Callable[..., Any],
+            with_kwargs: bool = True) -> None:
+        """:func:`add_forward_pre_hook` ``(module, hook, with_kwargs)``, held by this set."""
+        self._handles.append(add_forward_pre_hook(module, hook, with_kwargs=with_kwargs))
+
+    def remove(self) -> None:
+        """Take every held hook off its module (in registration order)."""
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def held_hooks() -> Iterator[HookSet]:
+    """A :class:`HookSet` whose hooks are all removed on exit, also when an error is raised.
+
+    Register inside the block (``hooks.forward(module, hook)`` / ``hooks.pre(...)``); a
+    registration that fails part-way still removes the hooks registered before it.
+
+    Yields:
+        HookSet: empty on entry.
+    """
+    hooks = HookSet()
+    try:
+        yield hooks
+    finally:
+        hooks.remove()
+
+
 def hidden_of(output: object) -> Tensor:
     """The residual stream ``[B, S, d]`` in a decoder block's output.
 
@@ -105,7 +149,7 @@ class ResidualShapeError(ValueError):
     """A decoder block's input or output is not a ``[B, S, d]`` residual stream."""
 
 
-def _check_shape(index: int, hidden: Tensor, shape: tuple[int, int], block: nn.Module) -> None:
+def _check_shape(index: int, hidden: Tensor, shape: tuple[int, ...], block: nn.Module) -> None:
     """Raise unless ``hidden`` is ``[B, S, d]`` for the input's ``(B, S)``."""
     if hidden.dim() == 3 and tuple(hidden.shape[:2]) == shape:
         return
@@ -127,7 +171,7 @@ def capture_residual_stream(
     device: Optional[torch.device] = None,
     finite: Optional[dict[int, Tensor]] = None,
     mask: Optional[Tensor] = None,
-    shape: Optional[tuple[int, int]] = None,
+    shape: Optional[tuple[int, ...]] = None,
     positions: Optional[Sequence[int]] = None,
     whole: Iterable[int] = (),
 ) -> Iterator[dict[int, Tensor]]:
@@ -182,14 +226,10 @@ def capture_residual_stream(
             store[index] = hidden.to(device) if device is not None else hidden
 
     indices = range(len(blocks) + 1) if finite is not None else sorted(wanted)
-    handles: list = []
-    try:
+    with held_hooks() as hooks:
         for index in indices:
-            handles.append(_register(blocks, index, keep))
+            _register(hooks, blocks, index, keep)
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager
@@ -221,7 +261,7 @@ def record_residual_steps(
     """
     wanted, full = set(layer_indices), set(whole)
     store: dict[int, list[Tensor]] = {index: [] for index in wanted}
-    shape: list[tuple[int, int]] = []
+    shape: list[tuple[int, ...]] = []
 
     def keep(index: int, hidden: Tensor) -> None:
         if index == 0:  # the first block's input opens every pass
@@ -234,29 +274,27 @@ def record_residual_steps(
             store[index].append(hidden.to(device) if device is not None else hidden)
 
     indices = set(range(len(blocks) + 1)) if finite is not None else wanted | {0}
-    handles: list = []
-    try:
+    with held_hooks() as hooks:
         for index in sorted(indices):
-            handles.append(_register(blocks, index, keep))
+            _register(hooks, blocks, index, keep)
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _register(blocks: nn.ModuleList, index: int, keep: Callable[[int, Tensor], None]) -> Any:
+def _register(hooks: HookSet, blocks: nn.ModuleList, index: int,
+              keep: Callable[[int, Tensor], None]) -> None:
     """Hook hidden-state index ``index``: block 1's input for 0, block ``index``'s output."""
     if index == 0:
 
         def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             keep(0, _block_input(args, kwargs))
 
-        return add_forward_pre_hook(blocks[0], pre_hook)
+        hooks.pre(blocks[0], pre_hook)
+        return
 
     def hook(_m: nn.Module, _a: tuple, output: object) -> None:
         keep(index, hidden_of(output))
 
-    return add_forward_hook(blocks[index - 1], hook)
+    hooks.forward(blocks[index - 1], hook)
 
 
 def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
@@ -267,7 +305,7 @@ def _block_name(model: nn.Module, blocks: nn.ModuleList, index: int) -> str:
 
 
 def check_finite_residuals(model: nn.Module, blocks: nn.ModuleList,
-                           finite: dict[int, Tensor]) -> None:
+                           finite: Mapping[int, Union[bool, Tensor]]) -> None:
     """Raise naming the first hidden-state index whose residual holds NaN or inf.
 
     ``finite`` maps hidden-state indices to a bool (or 0-dim bool tensor): all finite.
@@ -337,27 +375,24 @@ def residual_tap(blocks: nn.ModuleList, index: int) -> Iterator[nn.Module]:
     module, whose input and output are that one ``[B, S, d]`` tensor; hooks are removed on exit.
     """
     tap = nn.Identity()
-    if index == 0:
 
-        def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            if args:
-                return (tap(args[0]), *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": tap(kwargs["hidden_states"])}
+    def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (tap(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": tap(kwargs["hidden_states"])}
 
-        handle = add_forward_pre_hook(blocks[0], pre_hook)
-    else:
+    def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+        if isinstance(out, Tensor):
+            return tap(out)
+        if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
+            return (tap(out[0]), *out[1:])
+        raise TypeError(f"Cannot tap a decoder block output of type {type(out)}")
 
-        def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
-            if isinstance(out, Tensor):
-                return tap(out)
-            if isinstance(out, tuple) and out and isinstance(out[0], Tensor):
-                return (tap(out[0]), *out[1:])
-            raise TypeError(f"Cannot tap a decoder block output of type {type(out)}")
-
-        handle = add_forward_hook(blocks[index - 1], hook)
-    try:
+    with held_hooks() as hooks:
+        if index == 0:
+            hooks.pre(blocks[0], pre_hook)
+        else:
+            hooks.forward(blocks[index - 1], hook)
         yield tap
-    finally:
-        handle.remove()
 
 

@@ -42,4 +42,4 @@ def make_cache(kv: list[tuple[Tensor, Tensor]]) -> object:
 
     if "ddp_cache_data" in inspect.signature(DynamicCache.__init__).parameters:
         return DynamicCache(ddp_cache_data=kv)
-    return DynamicCache.from_legacy_cache(tuple(kv))  # transformers < 4.53
+    return DynamicCache.from_legacy_cache(tuple(kv))  # type: ignore[attr-defined]  # transformers < 4.53

@@ -30,6 +30,7 @@ from captum_iglens.lens.architectures import locate_parts
 from captum_iglens.lens.distribution import (
     ModelDistribution,
     distribution_tolerance,
+    wide_log_softmax,
 )
 
 __all__ = [
@@ -175,9 +176,7 @@ def readout_values(readout: Readout, points: Tensor, ids: Tensor, log: bool = Fa
 
     The readout runs in the model's dtype; the log-softmax in float32 or wider.
     """
-    logits = readout(points)
-    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    return lens_values(torch.log_softmax(logits.to(out_dtype), dim=-1), ids, log)
+    return lens_values(wide_log_softmax(readout(points)), ids, log)
 
 
 def target_log_probs(readout: Readout, points: Tensor, targets: Tensor) -> Tensor:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from torch import Tensor, nn
 
 from captum_iglens.lens.architectures import model_type, unwrap_model
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook
+from captum_iglens.lens.hooks import held_hooks
 
 __all__ = ["HalfBlockSite", "SublayerUnsupportedError", "capture_half_residuals",
            "half_block_site"]
@@ -78,7 +78,7 @@ _SWITCHED = {
 }
 
 
-def _config(model: nn.Module) -> object:
+def _config(model: nn.Module) -> Any:
     config = getattr(unwrap_model(model), "config", None)
     return getattr(config, "text_config", None) or config
 
@@ -148,31 +148,27 @@ def capture_half_residuals(blocks: nn.ModuleList, indices: list[int], site: Half
     Yields:
         dict: ``store``. Every hook is removed on exit, also after an error.
     """
-    handles = []
-    try:
+    with held_hooks() as hooks:
         for index in indices:
             block = blocks[index - 1]
             module = getattr(block, site.module)
             inputs: dict[int, Tensor] = {}
-            handles.append(add_forward_pre_hook(block, _input_hook(index, inputs)))
+            hooks.pre(block, _input_hook(index, inputs))
             if site.kind == "input":
-                handles.append(add_forward_pre_hook(
-                    module, _reshaped_input_hook(index, inputs, store)))
+                hooks.pre(module, _reshaped_input_hook(index, inputs, store))
             else:
-                handles.append(add_forward_hook(module, _sum_hook(index, inputs, store)))
+                hooks.forward(module, _sum_hook(index, inputs, store))
         yield store
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _input_hook(index: int, store: dict[int, Tensor]):
+def _input_hook(index: int, store: dict[int, Tensor]) -> Callable[..., None]:
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         store[index] = args[0] if args else kwargs["hidden_states"]
     return hook
 
 
-def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
+def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]
+                         ) -> Callable[..., None]:
     """The submodule's input, in the block input's ``[B, S, d]`` shape (OPT flattens it)."""
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
         shape = inputs.pop(index).shape
@@ -180,7 +176,8 @@ def _reshaped_input_hook(index: int, inputs: dict[int, Tensor], store: dict[int,
     return hook
 
 
-def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]):
+def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]
+              ) -> Callable[..., None]:
     def hook(_m: nn.Module, _a: tuple, output: object) -> None:
         store[index] = inputs.pop(index) + _first(output)
     return hook
@@ -207,8 +204,9 @@ class HeadSite:
     n_heads: int
 
 
-def _projection(block: nn.Module, site: HeadSite) -> nn.Module:
-    return getattr(getattr(block, site.attention, None), site.projection, None)
+def _projection(block: nn.Module, site: HeadSite) -> nn.Linear:
+    """The output projection (:func:`head_site` checked it is an ``nn.Linear``)."""
+    return getattr(getattr(block, site.attention, None), site.projection, None)  # type: ignore[return-value]
 
 
 def head_site(model: nn.Module, blocks: nn.ModuleList) -> HeadSite:

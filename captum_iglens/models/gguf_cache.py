@@ -105,7 +105,7 @@ def read_cache(folder: Path) -> Optional[tuple[nn.Module, Any]]:
     except OSError as err:
         if err.errno in _UNREADABLE:
             raise _unreadable(folder, err) from err
-        damage = err
+        damage: Exception = err
     except Exception as err:  # a damaged cache (any loader error): rebuild from the GGUF
         damage = err
     warnings.warn(f"The model cache {folder} is damaged ({str(damage).splitlines()[0]}); "
@@ -251,7 +251,7 @@ def _write_cache(model: nn.Module, tokenizer: Any, target: Path) -> bool:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-        model.save_pretrained(tmp, max_shard_size=_MAX_SHARD)
+        model.save_pretrained(tmp, max_shard_size=_MAX_SHARD)  # type: ignore[operator]  # a PreTrainedModel
         tokenizer.save_pretrained(tmp)
         if target.exists():
             shutil.rmtree(target)

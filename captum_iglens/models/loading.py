@@ -74,7 +74,7 @@ def default_gguf_path() -> Path:
 
 def _named(loaded: tuple[nn.Module, Any], name: str) -> tuple[nn.Module, Any]:
     """Name the model (results record a name, never a cache or temporary path)."""
-    loaded[0].config._name_or_path = name
+    loaded[0].config._name_or_path = name  # type: ignore[union-attr]  # a PretrainedConfig
     return loaded
 
 
@@ -181,7 +181,7 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True,
         return _load_gguf(default_gguf_path(), use_cache)
     if name in NAMED_MODELS:
         return _load_split(NAMED_MODELS[name], use_cache)
-    path = Path(spec).expanduser()
+    path = Path(spec).expanduser()  # type: ignore[arg-type]  # None is DEFAULT_MODEL, a name
     if path.is_file() and path.suffix == ".gguf":
         return _load_gguf(path, use_cache)
     if path.is_dir():
@@ -189,7 +189,7 @@ def load_model(spec: Optional[str] = None, use_cache: bool = True,
     raise FileNotFoundError(
         f"load_model(spec={spec!r}): {spec!r} is neither a model name "
         f"({', '.join(model_names())}), a local model folder nor a .gguf file (models are "
-        f"never downloaded: give a local path).{_did_you_mean(spec)}"
+        f"never downloaded: give a local path).{_did_you_mean(spec)}"  # type: ignore[arg-type]  # not None here
     )
 
 

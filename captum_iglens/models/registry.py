@@ -20,7 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import BinaryIO, Iterator, Optional, Sequence
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -153,7 +153,7 @@ def part_files(entry: SplitGguf) -> list[Path]:
     return [found[i] for i in range(1, entry.n_parts + 1)]  # type: ignore[misc]
 
 
-def _join(parts: Sequence[Path], handle, desc: str, total: int) -> str:
+def _join(parts: Sequence[Path], handle: BinaryIO, desc: str, total: int) -> str:
     """Append ``parts`` to ``handle``; return the SHA-256 (hex) of what was written."""
     from tqdm.auto import tqdm
 

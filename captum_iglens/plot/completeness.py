@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from captum_iglens._utils.views import MethodView, ReportView
+
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from captum_iglens.results import CompletenessReport, MethodCompleteness
 
 __all__ = ["plot_completeness"]
 
@@ -22,7 +23,7 @@ _LEVEL_COLOUR = "#555555"
 
 
 def plot_completeness(
-    report: CompletenessReport, ax: Any = None, title: Optional[str] = None
+    report: ReportView, ax: Any = None, title: Optional[str] = None
 ) -> Figure:
     """Grouped bars of per-layer credit, one bar per credit method, and their totals.
 
@@ -66,7 +67,7 @@ def plot_completeness(
     return fig
 
 
-def _axes(report: CompletenessReport, ax: Any, with_levels: bool,
+def _axes(report: ReportView, ax: Any, with_levels: bool,
           n_methods: int) -> tuple[Figure, Any, Any]:
     """The figure, the credit axes and the level axes (``None`` without levels)."""
     if ax is not None:
@@ -82,7 +83,7 @@ def _axes(report: CompletenessReport, ax: Any, with_levels: bool,
     return fig, top, bottom
 
 
-def _bars(ax: Any, methods: Sequence[MethodCompleteness], x: np.ndarray) -> None:
+def _bars(ax: Any, methods: Sequence[MethodView], x: np.ndarray) -> None:
     """One bar per method and layer, grouped by layer, and the zero line."""
     width = 0.8 / max(len(methods), 1)
     for i, m in enumerate(methods):
@@ -92,8 +93,8 @@ def _bars(ax: Any, methods: Sequence[MethodCompleteness], x: np.ndarray) -> None
     ax.axhline(0.0, color="black", linewidth=0.6)
 
 
-def _totals(ax: Any, report: CompletenessReport,
-            methods: Sequence[MethodCompleteness]) -> None:
+def _totals(ax: Any, report: ReportView,
+            methods: Sequence[MethodView]) -> None:
     """Each distinct total once, dashed: ``F(x) - F(x')`` and, apart, IG-Lens's own ``Δp``.
 
     With one shared reference every method decomposes ``F(x) - F(x')`` (one black line).
@@ -116,7 +117,7 @@ def _totals(ax: Any, report: CompletenessReport,
                          + ", ".join(m.label for m in own))
 
 
-def _levels(ax: Any, levels: Sequence[MethodCompleteness], x: np.ndarray,
+def _levels(ax: Any, levels: Sequence[MethodView], x: np.ndarray,
             same_axis: bool) -> None:
     """The logit-lens levels: on their own probability axis, or on the credit axis."""
     for m in levels:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from captum_iglens._utils.format import total_symbol
+from captum_iglens._utils.views import ResultView
 from captum_iglens.plot.completeness import plot_completeness
 from captum_iglens.plot.heatmap import (
     _label,
@@ -28,7 +29,6 @@ from captum_iglens.plot.heatmap import (
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from captum_iglens.results import IGLensLLMAttributionResult, IGLensResult
 
 __all__ = ["plot_result", "plot_heatmap", "plot_completeness", "plot_top_k", "result_to_captum"]
 
@@ -39,7 +39,7 @@ def _new_figure(figsize: tuple[float, float]) -> Figure:
     return Figure(figsize=figsize, layout="constrained")
 
 
-def result_to_captum(result: IGLensResult) -> IGLensLLMAttributionResult:
+def result_to_captum(result: ResultView) -> Any:
     """An :class:`~captum_iglens.results.IGLensLLMAttributionResult` view of a result.
 
     The layer names (``"emb"``, ``"L1"``, ...) stand in the place of Captum's input tokens and
@@ -80,7 +80,7 @@ def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[s
         chars = max(10, int(chars * 0.9 * width_pt / widest))
 
 
-def _onset_words(result: IGLensResult) -> str:
+def _onset_words(result: ResultView) -> str:
     """The onset rule of ``result`` in words."""
     frac, total = f"{result.onset_frac:g}", total_symbol(result.units, result.contrastive)
     if result.onset_rule == "sustained":
@@ -91,7 +91,7 @@ def _onset_words(result: IGLensResult) -> str:
 
 
 def _sizes(
-    result: IGLensResult, figsize: Optional[tuple[float, float]], max_legend: int
+    result: ResultView, figsize: Optional[tuple[float, float]], max_legend: int
 ) -> tuple[tuple[float, float], list[float], float]:
     """Figure size, panel width ratios (the top-1 grid second, if shown) and row height (pt)."""
     n_tok, k = len(result.tokens), len(result.layer_indices)
@@ -109,7 +109,7 @@ def _sizes(
     return (width, height), widths, row_pt
 
 
-def _title(fig: Figure, result: IGLensResult) -> None:
+def _title(fig: Figure, result: ResultView) -> None:
     """Prompt and answer on separate wrapped lines, inside the figure."""
     width_pt = 72.0 * fig.get_figwidth() * 0.96
     n_tok = len(result.tokens)
@@ -129,7 +129,7 @@ _EFFECT_WORDS = {
 }
 
 
-def _caption(fig: Figure, result: IGLensResult, display: str = "credit") -> None:
+def _caption(fig: Figure, result: ResultView, display: str = "credit") -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
     text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
             f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
@@ -149,7 +149,7 @@ def _caption(fig: Figure, result: IGLensResult, display: str = "credit") -> None
 
 
 def _trajectory(
-    fig: Figure, ax: Any, result: IGLensResult, probs: np.ndarray, max_legend: int
+    fig: Figure, ax: Any, result: ResultView, probs: np.ndarray, max_legend: int
 ) -> None:
     """One logit-lens line per token; a legend for a few tokens, else an index colour bar."""
     from matplotlib import colormaps
@@ -187,11 +187,11 @@ def _trajectory(
     norm = BoundaryNorm(np.arange(n_tok + 1) - 0.5, n_tok)
     bar = fig.colorbar(ScalarMappable(norm=norm, cmap=ListedColormap(colours)), ax=ax,
                        label="answer token index", fraction=0.05, aspect=50)
-    bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))
+    bar.set_ticks(np.arange(0, n_tok, -(-n_tok // 8)))  # type: ignore[arg-type]  # an int array
     bar.ax.invert_yaxis()  # index 0 on top, as in the heatmap
 
 
-def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
+def _trajectory_axis(ax: Any, result: ResultView) -> None:
     """The trajectory's y label (what ``f`` is) and, for probabilities, its range."""
     if result.units == "probability":
         contrast = result.contrastive
@@ -204,7 +204,7 @@ def _trajectory_axis(ax: Any, result: IGLensResult) -> None:
 
 
 def plot_result(
-    result: IGLensResult, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None,
+    result: ResultView, max_legend: int = 10, figsize: Optional[tuple[float, float]] = None,
     display: str = "credit",
 ) -> Figure:
     """Token x layer heatmap of IG-Lens credit and the logit-lens trajectory per token.
@@ -247,7 +247,7 @@ def plot_result(
     probs = result.lens_probs.detach().float().cpu().numpy()
     size, widths, row_pt = _sizes(result, figsize, max_legend)
     fig = _new_figure(size)
-    fig.get_layout_engine().set(wspace=0.06)  # room between a colour bar and the next panel
+    fig.get_layout_engine().set(wspace=0.06)  # type: ignore[union-attr, call-arg]  # constrained layout  # room between a colour bar and the next panel
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
     ax_map = fig.add_subplot(grid[0])
     ax_traj = fig.add_subplot(grid[-1])
@@ -265,7 +265,7 @@ def plot_result(
     return fig
 
 
-def plot_top_k(result: IGLensResult, **kwargs: Any) -> Figure:
+def plot_top_k(result: ResultView, **kwargs: Any) -> Figure:
     """The logit lens's top-K tokens at every layer: see :mod:`captum_iglens.plot.top_k`."""
     from captum_iglens.plot.top_k import plot_top_k as draw
 

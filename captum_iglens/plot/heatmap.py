@@ -23,11 +23,11 @@ import numpy as np
 
 from captum_iglens._utils.display import START_GREY, start_apart
 from captum_iglens._utils.format import readout_words
+from captum_iglens._utils.views import ResultView
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from captum_iglens.results import IGLensResult
 
 __all__ = ["draw_heatmap", "plot_heatmap", "start_note"]
 
@@ -54,11 +54,11 @@ def _label(token: str, limit: int = 14) -> str:
     return _plain(text if len(text) <= limit else text[: limit - 1] + "…")
 
 
-def _units(result: IGLensResult) -> str:
+def _units(result: ResultView) -> str:
     return readout_words(result.units, result.contrastive)
 
 
-def _token_label(result: IGLensResult, t: int, ok: bool) -> str:
+def _token_label(result: ResultView, t: int, ok: bool) -> str:
     """Heatmap row label: index, token, ``*`` when not the argmax, and the foil if any."""
     text = f"{t} {_label(result.tokens[t])}{'' if ok else '*'}"
     if result.contrast_ids is None:
@@ -68,7 +68,7 @@ def _token_label(result: IGLensResult, t: int, ok: bool) -> str:
     return f"{text} vs {_label(foil)}"
 
 
-def _span_note(result: IGLensResult) -> str:
+def _span_note(result: ResultView) -> str:
     """The caption's words for a sub-layer column that spans skipped blocks, or ``""``."""
     from captum_iglens._utils.display import layer_labels
 
@@ -110,12 +110,12 @@ def _start_cells(ax: Any, values: np.ndarray, row_pt: float) -> None:
 _CREDIT_NAMES = {"total": "total-effect credit", "atp": "AtP estimate (not additive)"}
 
 
-def credit_name(result: IGLensResult) -> str:
+def credit_name(result: ResultView) -> str:
     """What a cell holds: IG-Lens's readout credit, a total-effect credit or an AtP estimate."""
     return _CREDIT_NAMES.get(getattr(result, "effect", "readout"), "IG-Lens credit")
 
 
-def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, row_pt: float,
+def draw_heatmap(fig: Figure, ax: Any, result: ResultView, attr: np.ndarray, row_pt: float,
                  label: str = "", col_pt: float = 72.0 * _COLUMN_IN,
                  log_view: bool = False) -> None:
     """Credits with a diverging map centred at 0, every token labelled, onsets boxed.
@@ -139,7 +139,7 @@ def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, r
     shown = np.ma.masked_array(attr, mask=np.zeros_like(attr, dtype=bool)) if attr.size \
         else np.ma.masked_array(np.zeros((1, k)))
     if apart and attr.size:
-        shown.mask[:, 0] = True
+        shown.mask[:, 0] = True  # type: ignore[index]  # a full [T, k] mask
     image = ax.imshow(  # Captum's colours: red negative, green positive
         shown, cmap=credit_colormap().with_extremes(bad=START_GREY),
         norm=Normalize(vmin=-limit, vmax=limit), aspect="auto", interpolation="nearest",
@@ -159,14 +159,14 @@ def draw_heatmap(fig: Figure, ax: Any, result: IGLensResult, attr: np.ndarray, r
     _onset_boxes(ax, result, row_pt)
 
 
-def _token_ticks(ax: Any, result: IGLensResult, row_pt: float) -> None:
+def _token_ticks(ax: Any, result: ResultView, row_pt: float) -> None:
     n_tok = len(result.tokens)
     flags = list(result.is_argmax) or [True] * n_tok
     labels = [_token_label(result, t, ok) for t, ok in zip(range(n_tok), flags, strict=True)]
     ax.set_yticks(range(n_tok), labels=labels, fontsize=_token_pt(row_pt))
 
 
-def _x_words(result: IGLensResult, emb: bool, apart: bool, step: int) -> str:
+def _x_words(result: ResultView, emb: bool, apart: bool, step: int) -> str:
     """The heatmap's x label: what is set apart, and how the labels are thinned."""
     words = "layer"
     if apart:
@@ -179,7 +179,7 @@ def _x_words(result: IGLensResult, emb: bool, apart: bool, step: int) -> str:
     return words
 
 
-def start_note(result: IGLensResult, display: str) -> str:
+def start_note(result: ResultView, display: str) -> str:
     """The caption's words for the start column of a log-unit heatmap, or ``""``."""
     from captum_iglens._utils.display import layer_labels
 
@@ -193,7 +193,7 @@ def start_note(result: IGLensResult, display: str) -> str:
             "colours show the rises of the later layers.")
 
 
-def _onset_boxes(ax: Any, result: IGLensResult, row_pt: float) -> None:
+def _onset_boxes(ax: Any, result: ResultView, row_pt: float) -> None:
     """A square around each token's onset cell."""
     k = len(result.layer_indices)
     cells = [(result.layer_indices.index(o), t) for t, o in enumerate(result.onset_layers)
@@ -211,7 +211,7 @@ def _token_pt(row_pt: float) -> float:
     return float(np.clip(0.72 * row_pt, 3.0, 8.0))
 
 
-def plot_heatmap(result: IGLensResult, figsize: Optional[tuple[float, float]] = None,
+def plot_heatmap(result: ResultView, figsize: Optional[tuple[float, float]] = None,
                  display: str = "credit") -> Figure:
     """The token x layer heatmap of IG-Lens credit alone, compact.
 

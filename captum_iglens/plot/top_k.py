@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from captum_iglens._utils.views import ResultView
+
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from captum_iglens.results import IGLensResult
 
 __all__ = ["fit_label", "plot_top_k", "text_width_pt", "top1_grid"]
 
@@ -97,27 +98,27 @@ def _cell_pt(fig: Any, ax: Any, columns: int, fallback_in: float, layout: bool =
     return 72.0 * width_in / max(columns, 1)
 
 
-def _is_answer(result: IGLensResult, t: int, j: int, r: int) -> bool:
+def _is_answer(result: ResultView, t: int, j: int, r: int) -> bool:
     ids = result.top_k_ids
     if ids is not None:
         return int(ids[t, j, r]) == int(result.token_ids[t])
-    return result.top_k_tokens[t][j][r] == result.tokens[t]
+    return result.top_k_tokens[t][j][r] == result.tokens[t]  # type: ignore[index]  # checked by plot_top_k
 
 
-def _cell_texts(ax: Any, result: IGLensResult, t_rows: Sequence[tuple[int, int]],
+def _cell_texts(ax: Any, result: ResultView, t_rows: Sequence[tuple[int, int]],
                 ranks: int, cell_pt: float, fontsize: float, column: Any) -> None:
     """One fitted label per cell; ``column(i, r)`` gives the x of row ``i``'s rank ``r``."""
     for i, (t, j) in enumerate(t_rows):
         for r in range(ranks):
             hit = _is_answer(result, t, j, r)
-            label = fit_label(result.top_k_tokens[t][j][r], cell_pt - 3.0, fontsize, hit)
+            label = fit_label(result.top_k_tokens[t][j][r], cell_pt - 3.0, fontsize, hit)  # type: ignore[index]  # checked by plot_top_k
             text = ax.text(*column(i, r), label, ha="center", va="center", clip_on=True,
                            fontsize=fontsize, color=_HIT if hit else "black",
                            fontweight="bold" if hit else "normal")
             text.set_in_layout(False)
 
 
-def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in: float) -> None:
+def top1_grid(fig: Any, ax: Any, result: ResultView, fontsize: float, cell_in: float) -> None:
     """The logit lens's top-1 token per answer token (rows) and layer (columns)."""
     from captum_iglens._utils.display import layer_labels
 
@@ -134,7 +135,7 @@ def top1_grid(fig: Any, ax: Any, result: IGLensResult, fontsize: float, cell_in:
                 lambda i, r: (cells[i][1], cells[i][0]))
 
 
-def _check(result: IGLensResult, top_k: Optional[int]) -> int:
+def _check(result: ResultView, top_k: Optional[int]) -> int:
     if not result.top_k_tokens or not result.tokens:
         raise ValueError("The result holds no top-k tokens: explain(..., top_k=5) or "
                          "iglens --top-k 5 records them.")
@@ -147,7 +148,7 @@ def _check(result: IGLensResult, top_k: Optional[int]) -> int:
 
 
 def plot_top_k(
-    result: IGLensResult,
+    result: ResultView,
     tokens: Optional[Sequence[int]] = None,
     top_k: Optional[int] = None,
     max_panels: int = 4,
@@ -201,7 +202,7 @@ def plot_top_k(
     names = layer_labels(result.layer_indices, result.granularity)
     axes[0].set_yticks(range(k), labels=names, fontsize=fontsize)
     axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=list(axes), label="logit-lens probability")
+    fig.colorbar(image, ax=list(axes), label="logit-lens probability")  # type: ignore[arg-type]  # one panel per token: set
     fig.suptitle(f"logit-lens top-{ranks} tokens at each layer (bold green = the answer "
                  f"token); {len(chosen)} of {len(result.tokens)} answer tokens", fontsize=9)
     _cell_pt(fig, axes[0], ranks, _CELL_IN)  # one layout for every panel, before any label

@@ -172,7 +172,7 @@ class CompletenessReport:
         for m in self.methods.values():
             cols.append((m.label, [f"{float(x):+.6f}" for x in m.per_layer]))
             if m.name in CAPTUM_LAYER_METHODS:
-                cols.append((f"δ {m.label}", [f"{float(x):+.1e}" for x in m.convergence_deltas]))
+                cols.append((f"δ {m.label}", [f"{float(x):+.1e}" for x in m.convergence_deltas]))  # type: ignore[union-attr]  # Captum layer methods have them
         return cols
 
     def _header(self) -> str:
@@ -243,7 +243,8 @@ class CompletenessReport:
         """
         return [name for name in self.methods if name.startswith("ig_lens")]
 
-    def _tolerances(self, rtol: Optional[float], atol: Optional[float]) -> tuple:
+    def _tolerances(self, rtol: Optional[float], atol: Optional[float]
+                    ) -> tuple[Optional[float], Optional[float]]:
         return (self.rtol, self.atol) if rtol is None and atol is None else (rtol, atol)
 
     def completeness_bound(self, name: str, rtol: Optional[float] = None,

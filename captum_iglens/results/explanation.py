@@ -275,7 +275,7 @@ class IGLensResult:
         plain = {key: data[key] for key in names if key in data}
         plain["model_name"] = data.get("model", "")
         plain["layer_indices"] = data["layers"]
-        return cls(**plain, **per_token, **tensors)
+        return cls(**plain, **per_token, **tensors)  # type: ignore[arg-type]  # fields by name
 
     def to_json(self, path: Optional[str] = None, indent: int = 2) -> str:
         """Serialise :meth:`to_dict` to a JSON string, and write it to ``path`` if given."""

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING
 
 from captum_iglens._utils.format import readout_words, shorten, total_symbol
-
-if TYPE_CHECKING:  # pragma: no cover
-    from captum_iglens.results.explanation import IGLensResult
+from captum_iglens._utils.views import ResultView
 
 __all__ = ["format_explanation", "format_number"]
 
@@ -22,7 +19,7 @@ def format_number(value: float, signed: bool = True, digits: int = 5) -> str:
     return "0" if float(text) == 0.0 else text
 
 
-def _row_names(result: IGLensResult) -> tuple[str, str, str]:
+def _row_names(result: ResultView) -> tuple[str, str, str]:
     """Names of the level column, the total row and the final-value row."""
     total = total_symbol(result.units, result.contrastive)
     if result.contrastive:
@@ -32,7 +29,7 @@ def _row_names(result: IGLensResult) -> tuple[str, str, str]:
     return "lens lp", total, "log p"
 
 
-def _head(result: IGLensResult, cols: list[int], w: int = 6) -> list[str]:
+def _head(result: ResultView, cols: list[int], w: int = 6) -> list[str]:
     """Token labels (with the foils under them when contrastive) and the column names.
 
     ``w`` is the width of the row-name column (8 for sub-layer names such as ``L30.attn``).
@@ -55,7 +52,7 @@ def _head(result: IGLensResult, cols: list[int], w: int = 6) -> list[str]:
     return lines + ["-" * len(head)]
 
 
-def _block(result: IGLensResult, cols: list[int]) -> list[str]:
+def _block(result: ResultView, cols: list[int]) -> list[str]:
     from captum_iglens._utils.display import layer_labels
 
     names = layer_labels(result.layer_indices, result.granularity)
@@ -85,14 +82,14 @@ def _block(result: IGLensResult, cols: list[int]) -> list[str]:
     return lines + [""]
 
 
-def _onset_rule(result: IGLensResult, total: str) -> str:
+def _onset_rule(result: ResultView, total: str) -> str:
     """The onset rule in words; ``total`` names what the credits add up to."""
     return (f"first layer from which the cumulative credit stays at or beyond "
             f"{result.onset_frac:g}·{total}" if result.onset_rule == "sustained" else
             f"first layer holding {result.onset_frac:g} of the cumulative |credit|")
 
 
-def _contrast_legend(result: IGLensResult) -> list[str]:
+def _contrast_legend(result: ResultView) -> list[str]:
     """The legend of a contrastive table: every value is ``F``, the foil under each token."""
     f, unit = (("log p(token) - log p(foil)", "nats") if result.units != "probability"
                else ("p(token) - p(foil)", "probability"))
@@ -104,7 +101,7 @@ def _contrast_legend(result: IGLensResult) -> list[str]:
     return textwrap.wrap(text, 100)
 
 
-def _emb_legend(result: IGLensResult) -> list[str]:
+def _emb_legend(result: ResultView) -> list[str]:
     """What the ``b→emb`` row is, when layer 0 is chosen."""
     if not result.layer_indices or result.layer_indices[0] != 0:
         return []
@@ -114,7 +111,7 @@ def _emb_legend(result: IGLensResult) -> list[str]:
         "blocks' credits.", 100)
 
 
-def _legend(result: IGLensResult) -> list[str]:
+def _legend(result: ResultView) -> list[str]:
     if result.contrastive:
         return _contrast_legend(result) + _emb_legend(result) + _argmax_legend(result)
     unit = readout_words(result.units, False)
@@ -128,14 +125,14 @@ def _legend(result: IGLensResult) -> list[str]:
     return textwrap.wrap(text, 100) + _emb_legend(result) + _argmax_legend(result)
 
 
-def _argmax_legend(result: IGLensResult) -> list[str]:
+def _argmax_legend(result: ResultView) -> list[str]:
     if result.is_argmax and not all(result.is_argmax):
         return textwrap.wrap("*: not the argmax of the explained forward (a given answer, or "
                              "generation and the teacher-forced forward differ).", 100)
     return []
 
 
-def _completeness_lines(result: IGLensResult, total: str, kind: str) -> list[str]:
+def _completeness_lines(result: ResultView, total: str, kind: str) -> list[str]:
     """The completeness line; attribution patching's says its gap is not an error."""
     n_tok = len(result.tokens)
     if result.effect == "atp":
@@ -150,7 +147,7 @@ def _completeness_lines(result: IGLensResult, total: str, kind: str) -> list[str
         100)
 
 
-def format_explanation(result: IGLensResult, tokens_per_block: int = 4) -> str:
+def format_explanation(result: ResultView, tokens_per_block: int = 4) -> str:
     """The layer x token table of ``result``, blocks of ``tokens_per_block`` tokens.
 
     Four tokens per block keep every line within 100 columns.

@@ -93,7 +93,7 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     if effect == DEFAULT_EFFECT and (entries["method"] is None or is_exact(entries["method"])):
         entries["n_steps"] = None  # an exact readout estimator does not depend on it
     granularity = settings.get("granularity") or DEFAULT_GRANULARITY
-    compared_keys = FINGERPRINT_KEYS
+    compared_keys: tuple[str, ...] = FINGERPRINT_KEYS
     if granularity != DEFAULT_GRANULARITY:  # block runs keep the digests they always had
         entries["granularity"] = granularity
         compared_keys = (*FINGERPRINT_KEYS, "granularity")

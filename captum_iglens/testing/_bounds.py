@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["readout_prob_magnitude", "readout_tolerance", "reduction_length"]
+__all__ = ["logit_magnitude", "readout_prob_magnitude", "readout_tolerance", "reduction_length"]
 
 
 def reduction_length(module: nn.Module) -> int:
@@ -53,7 +53,7 @@ def _norm_magnitude(norm: nn.Module, x: Tensor) -> Tensor:
     return out
 
 
-def _logit_magnitude(readout: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
+def logit_magnitude(readout: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
     """The logits of ``hidden`` and the sum of |terms| of each, ``[..., V]``, float64.
 
     Each linear map adds ``|W| |input| + |b|``; an elementwise logit transform ``t``
@@ -73,7 +73,7 @@ def _logit_magnitude(readout: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor
         if transform is not None:
             raw = n
             z = transform(raw).double()
-            _, slope = torch.func.jvp(transform, (raw,), (torch.ones_like(raw),))
+            slope = torch.func.jvp(transform, (raw,), (torch.ones_like(raw),))[1]
             mag = slope.double().abs() * mag + z.abs()
     return z, mag
 
@@ -86,7 +86,7 @@ def readout_prob_magnitude(readout: nn.Module, hidden: Tensor) -> Tensor:
     ``readout`` is a :class:`~captum_iglens.lens.readout.LensReadout` (final norm, optional
     projections, unembedding, optional logit transform).
     """
-    z, z_abs = _logit_magnitude(readout, hidden.detach())
+    z, z_abs = logit_magnitude(readout, hidden.detach())
     p = torch.softmax(z, -1)
     return p * (z_abs + (p * z_abs).sum(-1, keepdim=True)) + p
 

@@ -201,7 +201,7 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
     cap = paths_from_states(
         recording.states, ModelDistribution.from_logits(recording.logits), lens.layer_indices,
         recording.positions, recording.mask, _padded(recording.answers, n_cols),
-        _padded([job.foils for job in jobs], n_cols) if foils else None,
+        _padded([job.foils for job in jobs], n_cols) if foils else None,  # type: ignore[misc]  # all or none
         attribute_kwargs.get("baselines", DEFAULT_BASELINE), explained, recording.mask.shape[1])
     rows = readout_chunk(lens.spec, attribute_kwargs.get("internal_batch_size"))
     out = output_from_path(lens.spec, cap, method, n_steps, rows, top_k)

@@ -142,7 +142,7 @@ def _chunk_path(lens: IGLens, piece: DocumentChunk, sequence: Tensor,
         start = _baseline_rows(baselines, piece.index, piece.positions, n_chosen)
         name = "tensor"
     cap = paths_from_states(states, dist, lens.layer_indices, piece.positions, None, targets,
-                            contrast, start, None, sequence.shape[1])
+                            contrast, start, None, sequence.shape[1])  # type: ignore[arg-type]  # set above
     return replace(cap, baseline=name)
 
 

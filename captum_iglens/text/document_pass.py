@@ -17,7 +17,7 @@ re-running the model per chunk, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -201,7 +201,7 @@ def _cached_pass(lens: IGLens, ids: Tensor, cache: Any, start: int, rel: list[in
 
 
 def document_chunks(lens: IGLens, sequence: Tensor, chosen: Sequence[int], chunk: int,
-                    baselines: BaselineSpec) -> Iterator[DocumentChunk]:
+                    baselines: BaselineSpec) -> Generator[DocumentChunk, None, None]:
     """The text's cached passes, ``chunk`` columns each, up to the last explained position.
 
     Args:

@@ -41,11 +41,11 @@ def neutral_generation_config(
     neutral = GenerationConfig(do_sample=False, num_beams=1, eos_token_id=eos, pad_token_id=pad,
                                bos_token_id=getattr(stored, "bos_token_id", None),
                                max_new_tokens=max_new_tokens, use_cache=True)
-    model.generation_config = neutral
+    model.generation_config = neutral  # type: ignore[assignment]  # a GenerationMixin's
     try:
         yield neutral
     finally:
-        model.generation_config = stored
+        model.generation_config = stored  # type: ignore[assignment]  # as above
 
 
 def end_ids(model: nn.Module, tokenizer: Any) -> set[int]:
@@ -112,7 +112,7 @@ def greedy_generate(model: nn.Module, tokenizer: Any, prompt_ids: Sequence[Seque
             neutral_generation_config(model, tokenizer, max_new_tokens) as config:
         for name, value in generate_kwargs.items():
             setattr(config, name, value)
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)  # type: ignore[operator]  # a GenerationMixin
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
     ends = end_ids(model, tokenizer)
     answers = []

@@ -95,15 +95,15 @@ def pinned_clock(date_string: Optional[str]) -> Iterator[None]:
 
     class _Pinned(datetime):
         @classmethod
-        def now(cls, tz: Any = None) -> datetime:  # noqa: D102
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]  # noqa: D102
             return day if tz is None else day.replace(tzinfo=tz)
 
     saved = chat_template_utils.datetime
-    chat_template_utils.datetime = _Pinned
+    chat_template_utils.datetime = _Pinned  # type: ignore[misc]  # the template's clock, pinned
     try:
         yield
     finally:
-        chat_template_utils.datetime = saved
+        chat_template_utils.datetime = saved  # type: ignore[misc]  # the module's own clock back
 
 
 def _nonempty(ids: list[int], prompt: str) -> list[int]:

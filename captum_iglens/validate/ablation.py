@@ -122,7 +122,7 @@ def mean_updates(traces: Sequence[ResidualTrace], min_positions: int = 200) -> T
             f"excluded); the reference set has {count}", "give more or longer reference "
             "sequences (validate: more prompts), lower min_positions (validate: min_reference), "
             "or ablate with 'zero' or 'resample', which need no reference set.")
-    return (sum(r.sum(0) for r in rows) / count).to(traces[0].hidden.dtype)
+    return (sum(r.sum(0) for r in rows) / count).to(traces[0].hidden.dtype)  # type: ignore[union-attr]  # rows: tensors
 
 
 class BlockAblation(AblationChecks):

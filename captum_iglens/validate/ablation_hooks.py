@@ -7,13 +7,15 @@ residual stream before the final norm); a block's residual update is ``h_l - h_{
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.distribution import wide_log_softmax
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import cache_tensors, make_cache
+from captum_iglens.lens.state import model_state_preserved
 
 __all__ = ["cache_tensors", "eval_mode", "hooked", "make_cache", "target_probs"]
 
@@ -22,24 +24,20 @@ def _with_hidden(output: object, hidden: Tensor) -> object:
     """``output`` with its residual stream replaced by ``hidden``, same structure."""
     if isinstance(output, Tensor):
         return hidden
-    return type(output)((hidden, *output[1:]))  # type: ignore[index]
+    return type(output)((hidden, *output[1:]))  # type: ignore[index, call-arg]  # a tuple
 
 
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run ``model`` in eval mode without gradients.
+    """Run ``model`` without gradients in the state every attribution runs it in.
 
-    Every submodule's train/eval flag is restored on exit: dropout must never change an
-    ablation.
+    :func:`~captum_iglens.lens.state.model_state_preserved`: eval mode, dynamic RoPE at its
+    trained-context frequencies, under the model's lock; every submodule's train/eval flag
+    and the RoPE state are restored on exit. Dropout, or a grown RoPE left by an earlier
+    call, must never change an ablation.
     """
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for module, mode in modes:
-            module.training = mode
+    with model_state_preserved(model), torch.no_grad():
+        yield
 
 
 def _with_input(args: tuple, kwargs: dict, hidden: Tensor) -> tuple[tuple, dict]:
@@ -65,16 +63,15 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
     Hooks are removed on exit, also when an error is raised.
     """
     inputs: dict[int, Tensor] = {}
-    handles = []
 
-    def pre(layer: int):
+    def pre(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             inputs[layer] = args[0] if args else kwargs["hidden_states"]
             if record is not None and layer == 1:
                 record[0] = inputs[layer].detach()
         return hook
 
-    def post(layer: int):
+    def post(layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             if layer in plan:
@@ -86,14 +83,11 @@ def hooked(blocks: nn.ModuleList, plan: dict[int, tuple[Tensor, Tensor]], pos: i
             return _with_hidden(output, hidden)
         return hook
 
-    try:
+    with held_hooks() as hooks:
         for layer, block in enumerate(blocks, start=1):
-            handles.append(add_forward_pre_hook(block, pre(layer)))
-            handles.append(add_forward_hook(block, post(layer)))
+            hooks.pre(block, pre(layer))
+            hooks.forward(block, post(layer))
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def target_probs(logits: Tensor, target: Tensor) -> Tensor:
@@ -102,7 +96,6 @@ def target_probs(logits: Tensor, target: Tensor) -> Tensor:
     Returns:
         Tensor: ``[R]`` probabilities, float32 (float64 for a float64 model).
     """
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    log_probs = wide_log_softmax(logits)
     index = target.to(log_probs.device).reshape(-1, 1).expand(log_probs.shape[0], 1)
     return log_probs.gather(-1, index)[:, 0].exp()

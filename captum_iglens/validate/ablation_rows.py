@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
+from captum_iglens.lens.distribution import wide_log_softmax
+from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.state import input_device
 from captum_iglens.validate.ablation_hooks import (
     _with_hidden,
@@ -112,8 +113,7 @@ def token_probs(logits: Tensor, ids: Tensor) -> Tensor:
         Tensor: ``[R, T]`` probabilities, float32 (float64 for a float64 model), from a
         log-softmax in that dtype, as IG-Lens reads them.
     """
-    wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    log_probs = torch.log_softmax(logits.to(wide), dim=-1)
+    log_probs = wide_log_softmax(logits)
     return log_probs[:, ids.to(log_probs.device).reshape(-1)].exp()
 
 
@@ -176,12 +176,12 @@ class _Growing:
         touched = 0 in self.joins or 0 in self.changes
         return _with_input(args, kwargs, hidden) if touched else None
 
-    def keep_input(self, layer: int):
+    def keep_input(self, layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             self.inputs[layer] = args[0] if args else kwargs["hidden_states"]
         return hook
 
-    def output(self, layer: int):
+    def output(self, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
             if layer in self.changes:
@@ -197,16 +197,13 @@ class _Growing:
     @contextmanager
     def on(self, blocks: nn.ModuleList) -> Iterator[None]:
         """The hooks on ``blocks``, removed on exit (also on an error)."""
-        handles = [add_forward_pre_hook(blocks[0], self.first_input)]
-        try:
+        with held_hooks() as hooks:
+            hooks.pre(blocks[0], self.first_input)
             for layer, block in enumerate(blocks, start=1):
                 if layer > 1:
-                    handles.append(add_forward_pre_hook(block, self.keep_input(layer)))
-                handles.append(add_forward_hook(block, self.output(layer)))
+                    hooks.pre(block, self.keep_input(layer))
+                hooks.forward(block, self.output(layer))
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
 
 def run_rows(model: nn.Module, blocks: nn.ModuleList, cache_kw: str, trace: Any, pos: int,

@@ -1,9 +1,10 @@
 """Per-token metrics of the causal validation: how well one predictor ranks the blocks.
 
-Pure numpy / scipy on ``[N, n]`` arrays (``N`` tokens x ``n`` blocks, column ``j`` = block
+Numpy / scipy on ``[N, n]`` arrays (``N`` tokens x ``n`` blocks, column ``j`` = block
 ``j + 1``, probability units); :mod:`captum_iglens.validate.stats` summarises them. The onset
-rule is IG-Lens's default (arXiv:2606.29693): the first block from which the cumulative
-credit stays at or beyond half its sum.
+rule is IG-Lens's default (arXiv:2606.29693), the one function
+:func:`~captum_iglens._core.onset.sustained_columns`: the first block from which the
+cumulative credit stays at or beyond half its sum.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+import torch
 from scipy import stats
 
+from captum_iglens._core.onset import sustained_columns
 from captum_iglens.settings import DEFAULT_ONSET_FRAC
 
 __all__ = ["METRICS", "half_point", "nonmonotonic", "onset_gain", "profile_free_spearman",
@@ -33,13 +36,9 @@ def half_point(cumulative: np.ndarray) -> np.ndarray:
     Returns:
         ndarray: ``[N]`` int columns (0-based); ``n - 1`` at the latest.
     """
-    end = cumulative[:, -1:]
-    sign = np.where(end < 0, -1.0, 1.0)
-    slack = 1e-12 * np.abs(cumulative).max(1, keepdims=True)
-    failing = sign * cumulative < sign * DEFAULT_ONSET_FRAC * end - slack
-    n = cumulative.shape[1]
-    last_fail = np.where(failing.any(1), n - 1 - np.argmax(failing[:, ::-1], axis=1), -1)
-    return np.minimum(last_fail + 1, n - 1)
+    curve = torch.from_numpy(np.asarray(cumulative, dtype=np.float64))
+    scale = curve.abs().amax(-1, keepdim=True)
+    return sustained_columns(curve, DEFAULT_ONSET_FRAC, scale).numpy()
 
 
 def _spearman(scores: np.ndarray, drops: np.ndarray) -> np.ndarray:

@@ -183,10 +183,10 @@ class ValidationResult:
         return "\n".join(line.rstrip() for line in lines)
 
     def _patch_head(self) -> list[str]:
-        pairs = self.patching["pairs"]
+        pairs = self.patching["pairs"]  # type: ignore[index]  # called when patching ran
         f_c = np.median([p["f_clean"] for p in pairs])
         f_x = np.median([p["f_corrupted"] for p in pairs])
-        return [f"PATCHING: {len(pairs)} pairs ({len(self.patching['skipped'])} skipped); F = "
+        return [f"PATCHING: {len(pairs)} pairs ({len(self.patching['skipped'])} skipped); F = "  # type: ignore[index]  # as above
                 f"p(y) - p(foil) at the last prompt token,",
                 f"median clean {f_c:+.2f}, corrupted {f_x:+.2f}. patch: F recovered in the "
                 "corrupted run when one block's", "clean update is patched in; reverse patch: F "

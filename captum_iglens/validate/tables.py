@@ -9,7 +9,7 @@ non-monotonic tokens side by side with their difference.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from captum_iglens.validate.stats import PREDICTORS
 
@@ -43,7 +43,7 @@ def ci(triple: Sequence[float], fmt: str) -> str:
     return f"{format(stat, fmt)} [{num(low, fmt)},{num(high, fmt)}]"
 
 
-def _getter(node: Mapping[str, Any]):
+def _getter(node: Mapping[str, Any]) -> Callable[[str], Any]:
     return lambda metric: node.get(metric, [math.nan] * 3)
 
 

@@ -73,3 +73,20 @@ def test_generated_explanation_after_a_longer_call_equals_a_fresh_model() -> Non
     again = run(model)
     assert again.token_ids == fresh.token_ids
     assert torch.equal(again.attributions, fresh.attributions)
+
+
+def test_the_ablation_runs_in_the_same_pristine_state() -> None:
+    """The ablation's eval mode is the attribution's: RoPE reset on entry, restored on exit."""
+    from captum_iglens.validate.ablation import BlockAblation
+
+    ids = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(2))
+    fresh = BlockAblation(_dynamic_llama()).trace(ids)
+    model = _dynamic_llama()
+    _grow(model)
+    grown = model.model.rotary_emb.inv_freq.clone()
+    model.train()
+    again = BlockAblation(model).trace(ids)
+    # the same forward from the same pristine frequencies: bit for bit
+    assert torch.equal(fresh.hidden, again.hidden)
+    assert torch.equal(model.model.rotary_emb.inv_freq, grown)
+    assert model.training and all(m.training for m in model.modules())

@@ -328,3 +328,31 @@ def test_cli_patching(smollm2, one_thread, monkeypatch, tmp_path, capsys) -> Non
     assert main(["validate", "--ablation", "patch", "--pairs-file", str(misaligned)]) == 2
     err = capsys.readouterr().err
     assert "do not align" in err and "--ablation zero, mean or resample" in err
+
+
+def _half_point_before(cumulative: np.ndarray) -> np.ndarray:
+    """The numpy copy of the rule ``half_point`` had before it called the one onset rule."""
+    end = cumulative[:, -1:]
+    sign = np.where(end < 0, -1.0, 1.0)
+    slack = 1e-12 * np.abs(cumulative).max(1, keepdims=True)
+    failing = sign * cumulative < sign * 0.5 * end - slack
+    n = cumulative.shape[1]
+    last_fail = np.where(failing.any(1), n - 1 - np.argmax(failing[:, ::-1], axis=1), -1)
+    return np.minimum(last_fail + 1, n - 1)
+
+
+def test_half_point_is_the_onset_rule_of_the_lens() -> None:
+    """``half_point`` and ``onset_layer_indices`` are one rule: the same columns."""
+    import torch
+
+    from captum_iglens import onset_layer_indices
+
+    rng = np.random.default_rng(0)
+    credits = rng.normal(size=(400, 7))
+    credits[:50] = np.round(credits[:50] * 2) / 2  # exact ties with the half threshold
+    credits[50:60] = 0.0
+    cumulative = credits.cumsum(1)
+    got = half_point(cumulative)
+    assert got.tolist() == _half_point_before(cumulative).tolist()
+    onsets = onset_layer_indices(torch.from_numpy(credits), range(1, 8))
+    assert (onsets - 1).tolist() == got.tolist()

@@ -1,5 +1,0 @@
-"""Deprecated path of :mod:`captum_iglens.text.generation` (an alias of that module)."""
-
-from captum_iglens._utils.lazy import alias_module
-
-alias_module(__name__, "captum_iglens.text.generation")
