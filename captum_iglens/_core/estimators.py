@@ -13,7 +13,8 @@ Every estimator takes the same :class:`PathNodes` and returns credits ``[B, P, k
   ``(h_end - h_start) . sum_s w_s grad f(h(a_s))``, the paper's reference variant; the
   convergence delta is their discretisation error and shrinks as ``n_steps`` grows.
 
-Adding an estimator is one function and one row of :data:`ESTIMATORS`.
+Adding an estimator is one function and one :func:`register_estimator` call (its row in
+:data:`ESTIMATORS`); the ``method`` names users and the CLI see read that registry.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ from captum_iglens.lens.readout import (
     readout_probs,
     readout_values,
 )
-from captum_iglens.settings import DEFAULT_METHOD
+from captum_iglens.settings import BUILTIN_MIN_STEPS, DEFAULT_METHOD
+from captum_iglens.settings import METHODS as SETTINGS_METHODS
 from captum_iglens.settings import UNITS as SETTINGS_UNITS
 
 __all__ = [
     "CONVERGENCE_WARNING",
+    "COST_CLASSES",
     "ESTIMATORS",
     "EstimatorRow",
     "METHODS",
@@ -255,8 +258,9 @@ def _gradient(
     readout: Readout, path: PathNodes, probs: Tensor, method: str, n_steps: int, chunk: int
 ) -> Tensor:
     """Riemann / Gauss-Legendre IG along each segment, with Captum's step rules."""
-    if n_steps < 2:
-        raise ValueError(f"method={method!r} needs n_steps >= 2, got {n_steps}.")
+    least = ESTIMATORS[method].min_steps if method in ESTIMATORS else 2
+    if n_steps < least:
+        raise ValueError(f"method={method!r} needs n_steps >= {least}, got {n_steps}.")
     step_sizes_fn, alphas_fn = approximation_parameters(method)
     nodes, out_dtype = path.nodes, probs.dtype
     batch, n_pos, n_nodes, d = nodes.shape
@@ -286,39 +290,56 @@ def _gradient(
 Estimator = Callable[[Readout, PathNodes, Tensor, str, int, int], Tensor]
 
 
+#: Cost classes of an estimator: ``"nodes"`` reads the ``k + 1`` path nodes out once each
+#: (no backward pass, independent of ``n_steps``); ``"gradient"`` reads ``k * n_steps`` grid
+#: points out and back-propagates through each; ``"grid"`` reads ``k * (n_steps + 1)``
+#: points out without a backward pass.
+COST_CLASSES: tuple[str, ...] = ("nodes", "gradient", "grid")
+
+
 @dataclass(frozen=True)
 class EstimatorRow:
-    """An estimator and its facts.
+    """An estimator and its facts, each read where it matters (none restated elsewhere).
 
     Attributes:
         estimate (Estimator): ``(readout, path, node_probs, method, n_steps, chunk) ->
             credits [B, P, k]``.
         exact (bool): The credits add up to ``delta_p`` at any ``n_steps`` and need no
-            gradient (no backward pass; allowed under ``torch.inference_mode``).
-        min_steps (int): The smallest ``n_steps`` accepted.
+            gradient (no backward pass; allowed under ``torch.inference_mode``; never warned
+            about convergence).
+        min_steps (int): The smallest ``n_steps`` accepted (checked by
+            :func:`~captum_iglens._core.pipeline.check_estimator` and the CLI).
+        cost (str): One of :data:`COST_CLASSES`.
     """
 
     estimate: Estimator
     exact: bool
     min_steps: int = 1
+    cost: str = "nodes"
 
 
 #: ``method`` name -> :class:`EstimatorRow` (the one registry; see :func:`register_estimator`).
 ESTIMATORS: dict[str, EstimatorRow] = {
-    DEFAULT_METHOD: EstimatorRow(_prediction_aware, exact=True),
-    **{name: EstimatorRow(_gradient, exact=False) for name in CAPTUM_APPROXIMATION_METHODS},
+    DEFAULT_METHOD: EstimatorRow(_prediction_aware, exact=True,
+                                 min_steps=BUILTIN_MIN_STEPS[DEFAULT_METHOD], cost="nodes"),
+    **{name: EstimatorRow(_gradient, exact=False, min_steps=BUILTIN_MIN_STEPS[name],
+                          cost="gradient") for name in CAPTUM_APPROXIMATION_METHODS},
 }
 
-#: Estimator names accepted by :meth:`~captum_iglens.IGLens.attribute`.
-METHODS: tuple[str, ...] = tuple(ESTIMATORS)
+#: Estimator names accepted by :meth:`~captum_iglens.IGLens.attribute`: live (a registered
+#: estimator appears at once; see :func:`~captum_iglens.settings.methods`).
+METHODS = SETTINGS_METHODS
 
 #: Readouts IG-Lens can decompose: probability (the paper's) or log-probability (nats).
 UNITS: tuple[str, ...] = SETTINGS_UNITS
 
 
-def register_estimator(name: str, estimate: Estimator, *, exact: bool,
-                       min_steps: int = 1) -> None:
+def register_estimator(name: str, estimate: Estimator, *, exact: bool, min_steps: int = 1,
+                       cost: Optional[str] = None) -> None:
     """Add an estimator under ``name`` for ``IGLens.attribute(method=name)``.
+
+    After the call ``name`` is in :data:`METHODS`, :func:`~captum_iglens.settings.methods`
+    and the CLI's ``--method`` choices.
 
     Args:
         name (str): The new ``method`` name.
@@ -327,13 +348,20 @@ def register_estimator(name: str, estimate: Estimator, *, exact: bool,
         exact (bool): Whether its credits add up to ``delta_p`` at any ``n_steps`` without
             gradients (then it is never warned about convergence).
         min_steps (int, optional): The smallest ``n_steps`` it accepts. Default: 1.
+        cost (str, optional): One of :data:`COST_CLASSES`. Default: ``"nodes"`` if
+            ``exact`` else ``"gradient"``.
 
     Raises:
-        ValueError: ``name`` is already registered.
+        ValueError: ``name`` is already registered, ``min_steps < 1`` or an unknown ``cost``.
     """
     if name in ESTIMATORS:
         raise ValueError(f"An estimator named {name!r} exists: choose another name.")
-    ESTIMATORS[name] = EstimatorRow(estimate, exact=exact, min_steps=int(min_steps))
+    if int(min_steps) < 1:
+        raise ValueError(f"min_steps must be >= 1, got {min_steps!r}.")
+    cost = ("nodes" if exact else "gradient") if cost is None else cost
+    if cost not in COST_CLASSES:
+        raise ValueError(f"cost={cost!r}: use one of {COST_CLASSES}.")
+    ESTIMATORS[name] = EstimatorRow(estimate, exact=exact, min_steps=int(min_steps), cost=cost)
 
 
 def is_exact(method: str) -> bool:

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._core.baseline_rows import recordable_baselines
 from captum_iglens._core.capture import recorded_layers
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import UNRECORDED_GENERATION
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
 from captum_iglens.lens.state import execution_device, model_dtype
-from captum_iglens.settings import BASELINES, DEFAULT_BASELINE
+from captum_iglens.settings import DEFAULT_BASELINE
 from captum_iglens.text.generation import greedy_generate
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ __all__ = ["Recording", "can_record", "generate_recording"]
 
 #: The baselines a recording can start paths from (reference ids and tensors need a forward
 #: or shapes of their own: those runs are teacher-forced).
-RECORDABLE_BASELINES = BASELINES
+RECORDABLE_BASELINES = recordable_baselines()
 
 
 def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bool:
