@@ -27,7 +27,7 @@ from captum_iglens._core.baseline_rows import recordable_baselines
 from captum_iglens._core.capture import recorded_layers
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
-from captum_iglens.lens.families import UNRECORDED_GENERATION
+from captum_iglens.lens.families import family_row
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
 from captum_iglens.lens.state import execution_device, model_dtype
 from captum_iglens.settings import DEFAULT_BASELINE
@@ -57,8 +57,9 @@ def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bo
 
 def _unrecordable(model: nn.Module) -> Optional[str]:
     """Why ``model``'s generation cannot be recorded, or ``None``."""
-    if model_type(model) in UNRECORDED_GENERATION:
-        return f"{model_type(model)}: {UNRECORDED_GENERATION[model_type(model)]}"
+    row = family_row(model_type(model))
+    if row is not None and row.unrecorded:
+        return f"{model_type(model)}: {row.unrecorded}"
     if model_dtype(model) == torch.float64:
         # generate hands back its logits in float32: too coarse for a float64 model's check
         return "a float64 model: generate returns float32 logits"
