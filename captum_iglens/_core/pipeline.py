@@ -18,6 +18,7 @@ from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.estimators import (
     ESTIMATORS,
     PathNodes,
+    estimate_with_lens,
     read_nodes,
     warn_if_not_converged,
 )
@@ -98,6 +99,7 @@ def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, 
         top_k_probs=_spread(flat.top_k_probs, mask, nan),
         top_k_ids=_spread(flat.top_k_ids, mask, -1),
         contrast=cap.path.contrast,
+        lens_change=_spread(flat.lens_change, mask, nan),
     )
 
 
@@ -141,12 +143,14 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
                                   path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
-    credits = ESTIMATORS[method].estimate(readout, path, probs, method, n_steps, chunk)
+    credits, lens_change, probs = estimate_with_lens(spec, path, probs, method, n_steps, chunk)
     p_base, p_final = probs[..., 0], probs[..., -1]
-    warn_if_not_converged(credits, p_final - p_base, method, n_steps)
+    # the credits add up to f(h_n) - g_0(b) less the lens terms (none for the logit lens)
+    p_start = p_base if lens_change is None else p_base + lens_change.sum(-1)
+    warn_if_not_converged(credits, p_final - p_start, method, n_steps)
     out = IGLensOutput(
         attributions=credits,
-        convergence_delta=convergence_delta(credits, p_final, p_base),
+        convergence_delta=convergence_delta(credits, p_final, p_start),
         lens_probs=probs[..., 1:],
         p_final=p_final,
         p_baseline=p_base,
@@ -158,6 +162,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         units=spec.units,
         contrast=path.contrast,
         granularity=spec.granularity,
+        lens_change=lens_change,
     )
     if top_k:
         out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
