@@ -22,9 +22,6 @@ from captum_iglens._core.pipeline import delta_of, run_lens
 from captum_iglens._core.sublayer_path import run_granular
 from captum_iglens._core.total_effect import run_total
 from captum_iglens._utils.typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec
-from captum_iglens.lens.architectures import (
-    vocab_size,
-)
 from captum_iglens.lens.changes import check_unchanged
 from captum_iglens.lens.layer_readout import LayerReadout
 from captum_iglens.lens.readout import ReadoutMismatchError
@@ -342,7 +339,7 @@ class IGLens(LensViews, GradientAttribution):
                 ``[B, P]`` or all False; and as :meth:`attribute`.
             TypeError: ``explained`` not a bool tensor.
         """
-        check_top_k(top_k, vocab_size(self.model))
+        check_top_k(top_k, self.spec.vocab_size)
         check_unchanged(self.spec)
         out, _ = self._run(
             self.spec, inputs, baselines, target, additional_forward_args, n_steps, method,

@@ -24,11 +24,9 @@ from captum_iglens._core.estimators import (
 )
 from captum_iglens._core.request import PathRequest
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec, is_int
-from captum_iglens.lens.architectures import vocab_size
 from captum_iglens.lens.readout import chunk_rows, readout_top_k
 from captum_iglens.lens.readout_check import check_distribution_errors, check_readout
 from captum_iglens.lens.spec import LensSpec
-from captum_iglens.lens.state import model_dtype
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
@@ -137,10 +135,10 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
     del reference  # a view of the model's [B, P, V] distribution: freed below
     probs = nodes.values
     name = getattr(readout, "name", "") or type(spec.model).__name__
-    check_readout(readout, probs, cap.model_probs, model_dtype(spec.model), name,
+    check_readout(readout, probs, cap.model_probs, spec.dtype, name,
                   verify=spec.check_readout, final=nodes.final)
     if checked:
-        check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
+        check_distribution_errors(nodes.errors, cap.reference, spec.dtype,
                                   path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
     credits, lens_change, probs = estimate_with_lens(spec, path, probs, method, n_steps, chunk)
@@ -171,7 +169,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
 
 def readout_chunk(spec: LensSpec, internal_batch_size: Optional[int]) -> int:
     """Readout rows per chunk for ``spec`` (see :func:`~captum_iglens.lens.readout.chunk_rows`)."""
-    return chunk_rows(internal_batch_size, vocab_size(spec.model) or 1)
+    return chunk_rows(internal_batch_size, spec.vocab_size or 1)
 
 
 def capture_lens_path(

@@ -8,6 +8,7 @@ model's parts and facts from it instead of inspecting the model again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional, Sequence
 
 import torch
@@ -17,11 +18,13 @@ from captum_iglens._utils.typing import LayerSpec, Readout
 from captum_iglens.lens.architectures import (
     display_name,
     input_embeddings,
+    model_type,
     resolve_decoder_blocks,
     strip_parallel,
     vocab_size,
 )
 from captum_iglens.lens.changes import ModelStructure
+from captum_iglens.lens.families import ArchitectureLayout, family_row
 from captum_iglens.lens.layer_readout import LayerReadout, LogitLens, at_layer, is_per_layer
 from captum_iglens.lens.layers import resolve_layer_indices
 from captum_iglens.lens.readout import resolve_readout
@@ -167,10 +170,28 @@ class LensSpec:
             return sublayer_node_indices(self.layer_indices)
         return self.layer_indices
 
-    @property
+    @cached_property
     def vocab_size(self) -> Optional[int]:
-        """``V``, the model's vocabulary size (``None`` when its config does not say)."""
+        """``V``, the vocabulary size (``None`` when the config does not say; read once)."""
         return vocab_size(self.model)
+
+    @cached_property
+    def model_type(self) -> str:
+        """``config.model_type`` (wrappers unwrapped), else the class name (read once)."""
+        return model_type(self.model)
+
+    @cached_property
+    def family(self) -> Optional[ArchitectureLayout]:
+        """The family's row in :data:`~captum_iglens.lens.families.FAMILIES` (read once).
+
+        ``None`` for a family outside the table.
+        """
+        return family_row(self.model_type)
+
+    @cached_property
+    def input_embeddings(self) -> Optional[nn.Module]:
+        """``model.get_input_embeddings()``, or ``None`` where there is none (read once)."""
+        return input_embeddings(self.model)
 
     @property
     def readout_device(self) -> Optional[torch.device]:
@@ -179,12 +200,12 @@ class LensSpec:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The model's floating-point dtype."""
+        """The model's floating-point dtype (read on each access: the model may be cast)."""
         return model_dtype(self.model)
 
-    @property
+    @cached_property
     def display_name(self) -> str:
-        """The model's name for results and reports (never a local path)."""
+        """The model's name for results and reports (never a local path; read once)."""
         return display_name(self.model)
 
     @property

@@ -31,7 +31,6 @@ from captum_iglens.lens.hooks import capture_residual_stream, check_finite_resid
 from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.state import (
     dynamic_rope_prefixes,
-    execution_device,
     forward_parameters,
     model_state_preserved,
 )
@@ -180,8 +179,7 @@ def _cached_pass(lens: IGLens, ids: Tensor, cache: Any, start: int, rel: list[in
         ResidualShapeError: a block's output is not ``[1, n, d]``.
     """
     model, blocks = lens.model, lens.decoder_blocks
-    readout = lens.readout
-    device = execution_device(readout) if isinstance(readout, nn.Module) else None
+    device = lens.spec.readout_device
     kwargs = _pass_kwargs(forward_parameters(model), cache, start, start + ids.shape[1], rel,
                           ids.device)
     finite: dict[int, Tensor] = {}

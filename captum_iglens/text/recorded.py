@@ -29,7 +29,7 @@ from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import family_row
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
-from captum_iglens.lens.state import execution_device, model_dtype
+from captum_iglens.lens.state import model_dtype
 from captum_iglens.settings import DEFAULT_BASELINE
 from captum_iglens.text.generation import greedy_generate
 
@@ -147,8 +147,7 @@ def generate_recording(lens: IGLens, tokenizer: Any, prompt_ids: Sequence[Sequen
         raise ValueError(f"baselines={baselines!r} cannot be recorded while generating: use "
                          f"one of {RECORDABLE_BASELINES}, or teacher forcing.")
     needed, whole = recorded_layers(lens.layer_indices, baselines)
-    readout = lens.readout
-    device = execution_device(readout) if isinstance(readout, torch.nn.Module) else None
+    device = lens.spec.readout_device
     passes: dict[int, list[Tensor]] = {}  # every block, chosen or not: name the first NaN
     with record_residual_steps(blocks, needed, device, whole, passes) as steps:
         answers, out, prompt_mask = greedy_generate(
