@@ -250,11 +250,9 @@ _ALTUP = ("Gemma-3n's decoder blocks carry a stacked AltUp residual [n_copies, B
 # transformers' RecurrentGemma resets its recurrent state only for a prompt pass of more
 # than one token: a one-token prompt continues the state a previous generate call left (6%
 # of the credits off on a tiny model).
-_RECURRENT = {
-    "unrecorded": "a one-token prompt pass continues the previous call's recurrent state",
-    "uncached": "its recurrent state restarts at every pass of more than one token, and its "
-                "forward hands back no cache",
-}
+_UNRECORDED_RECURRENT = "a one-token prompt pass continues the previous call's recurrent state"
+_UNCACHED_RECURRENT = ("its recurrent state restarts at every pass of more than one token, and "
+                       "its forward hands back no cache")
 
 # Half-block sites (see captum_iglens.lens.sublayer): the MLP's pre-norm of sequential
 # blocks, the pre-feed-forward norm of sandwich-norm blocks, the attention of parallel ones.
@@ -284,7 +282,9 @@ FAMILIES: dict[str, ArchitectureLayout] = {
     "nanochat": _llama(_softcap(), half_block=_POST_ATTN),
     "beam": _llama(_softcap(wide=True), half_block=_PRE_FF),  # soft-caps in float32
     "recurrent_gemma": ArchitectureLayout("model.layers", "model.final_norm", (),
-                                          _softcap("logits_soft_cap"), **_RECURRENT),
+                                          _softcap("logits_soft_cap"),
+                                          unrecorded=_UNRECORDED_RECURRENT,
+                                          uncached=_UNCACHED_RECURRENT),
     **dict.fromkeys(("cohere", "cohere2", "cohere2_moe"),
                     _llama(_times("logit_scale"), half_block=_PARALLEL_SELF_ATTN)),
     **dict.fromkeys(("granite", "granite_swa", "granitemoe", "granitemoe_swa",
