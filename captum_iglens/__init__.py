@@ -24,6 +24,8 @@ _EXPORTS = {
     "LLMIGLensAttribution": "captum_iglens.llm_attr",
     "onset_layer_indices": "captum_iglens._core.onset",
     "LensReadout": "captum_iglens.lens.readout",
+    "LayerReadout": "captum_iglens.lens.layer_readout",
+    "LogitLens": "captum_iglens.lens.layer_readout",
     "ReadoutMismatchError": "captum_iglens.lens.readout",
     "resolve_readout": "captum_iglens.lens.readout",
     "CompletenessBatch": "captum_iglens.results",
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
         resolve_decoder_blocks,
         resolve_layout,
     )
+    from captum_iglens.lens.layer_readout import LayerReadout, LogitLens
     from captum_iglens.lens.readout import LensReadout, ReadoutMismatchError, resolve_readout
     from captum_iglens.lens.registry import register_family
     from captum_iglens.lens.spec import LensSpec
@@ -93,8 +96,10 @@ __all__ = [
     "IGLensOutput",
     "IGLensResult",
     "LLMIGLensAttribution",
+    "LayerReadout",
     "LensReadout",
     "LensSpec",
+    "LogitLens",
     "ReadoutMismatchError",
     "UnknownArchitectureError",
     "compare_completeness",

@@ -22,10 +22,8 @@ from captum_iglens._core.pipeline import delta_of, run_lens
 from captum_iglens._core.sublayer_path import run_granular
 from captum_iglens._core.total_effect import run_total
 from captum_iglens._utils.typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec
-from captum_iglens.lens.architectures import (
-    vocab_size,
-)
 from captum_iglens.lens.changes import check_unchanged
+from captum_iglens.lens.layer_readout import LayerReadout
 from captum_iglens.lens.readout import ReadoutMismatchError
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
@@ -90,6 +88,7 @@ class IGLens(LensViews, GradientAttribution):
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
         effect: str = DEFAULT_EFFECT,
+        lens: Optional[LayerReadout] = None,
     ) -> None:
         r"""Build IG-Lens for a causal LM and its chosen layers.
 
@@ -149,6 +148,9 @@ class IGLens(LensViews, GradientAttribution):
                 only (no embedding); with ``granularity="sublayer"`` each sequential
                 block's attention and MLP updates are gated separately (``2k`` credits,
                 :mod:`captum_iglens._core.sublayer_gates`); no head gates yet.
+            lens (LayerReadout, optional): A per-layer readout ``lens(h, layer) -> logits``
+                (block nodes; see :mod:`captum_iglens.lens.layer_readout`, and ``lens_change``
+                of :class:`IGLensOutput`). Default: None (the logit lens).
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
@@ -161,7 +163,7 @@ class IGLens(LensViews, GradientAttribution):
                 names the family and what to use instead.
         """
         self.spec = LensSpec.from_model(model, layers, readout, decoder_blocks, check_readout,
-                                        units, granularity, heads, effect)
+                                        units, granularity, heads, effect, lens)
         GradientAttribution.__init__(self, self.spec.model)
 
     @classmethod
@@ -337,7 +339,7 @@ class IGLens(LensViews, GradientAttribution):
                 ``[B, P]`` or all False; and as :meth:`attribute`.
             TypeError: ``explained`` not a bool tensor.
         """
-        check_top_k(top_k, vocab_size(self.model))
+        check_top_k(top_k, self.spec.vocab_size)
         check_unchanged(self.spec)
         out, _ = self._run(
             self.spec, inputs, baselines, target, additional_forward_args, n_steps, method,

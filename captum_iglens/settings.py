@@ -12,11 +12,14 @@ can list them without importing torch, and no two places disagree about a defaul
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = [
     "BASELINES",
+    "BUILTIN_MIN_STEPS",
     "CAPTUM_METHODS",
     "DEFAULT_BASELINE",
     "DEFAULT_CHUNK",
@@ -38,6 +41,8 @@ __all__ = [
     "VALIDATE_DONORS",
     "VALIDATE_MAX_NEW_TOKENS",
     "VALIDATE_THRESHOLD",
+    "method_min_steps",
+    "methods",
     "AttributionSettings",
     "GenerationSettings",
     "ReportSettings",
@@ -49,8 +54,61 @@ DEFAULT_METHOD = "prediction_aware"
 #: gradient estimators of the paper's reference variant.
 CAPTUM_METHODS: tuple[str, ...] = (
     "riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid", "gausslegendre")
-#: Every ``method`` name.
-METHODS: tuple[str, ...] = (DEFAULT_METHOD, *CAPTUM_METHODS)
+#: The built-in estimators and the smallest ``n_steps`` each accepts (the rows of
+#: :data:`~captum_iglens._core.estimators.ESTIMATORS` start from these; a gradient rule
+#: needs two grid points per segment).
+BUILTIN_MIN_STEPS: dict[str, int] = {DEFAULT_METHOD: 1, **dict.fromkeys(CAPTUM_METHODS, 2)}
+
+
+def _live_rows() -> Optional[dict]:
+    """The estimator registry where it is loaded (it imports torch), else ``None``."""
+    module = sys.modules.get("captum_iglens._core.estimators")
+    return None if module is None else getattr(module, "ESTIMATORS", None)
+
+
+def methods() -> tuple[str, ...]:
+    """Every ``method`` name now, ``register_estimator`` additions included.
+
+    The live registry's names once it is loaded, the built-in names before (``iglens
+    --help`` loads no torch).
+    """
+    rows = _live_rows()
+    return tuple(rows) if rows is not None else tuple(BUILTIN_MIN_STEPS)
+
+
+def method_min_steps(method: str) -> Optional[int]:
+    """The smallest ``n_steps`` ``method`` accepts (its registry row), ``None`` if unknown."""
+    rows = _live_rows()
+    if rows is not None:
+        return rows[method].min_steps if method in rows else None
+    return BUILTIN_MIN_STEPS.get(method)
+
+
+class _LiveMethods(Sequence):
+    """:func:`methods` as a tuple-like constant: read on every use, never a stale copy."""
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        return methods()[index]
+
+    def __len__(self) -> int:
+        return len(methods())
+
+    def __contains__(self, name: object) -> bool:
+        return name in methods()
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, (tuple, list, _LiveMethods))
+                               else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(methods())
+
+
+#: Every ``method`` name, live: a registered estimator appears here at once (see
+#: :func:`methods`); ``tuple(METHODS)`` takes a snapshot.
+METHODS: Sequence[str] = _LiveMethods()
 #: Steps per path segment of the gradient estimators (Captum's default).
 DEFAULT_N_STEPS = 50
 #: Named residual-space baselines; ``"mean"`` is the causal running mean of ``h_1``.

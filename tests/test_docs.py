@@ -74,9 +74,8 @@ def registries():
     """The estimator and family tables as they were: a page may register into them."""
     from captum_iglens._core.estimators import ESTIMATORS
     from captum_iglens.lens.families import FAMILIES
-    from captum_iglens.lens.sublayer import REGISTERED_SITES
 
-    tables = [ESTIMATORS, FAMILIES, REGISTERED_SITES]
+    tables = [ESTIMATORS, FAMILIES]
     saved = [dict(table) for table in tables]
     yield
     for table, old in zip(tables, saved, strict=True):

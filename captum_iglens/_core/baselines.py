@@ -16,12 +16,14 @@ from typing import Any, Optional, TypeGuard, Union
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._core.baseline_rows import BASELINE_ROWS, BaselineRow
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import input_embeddings, vocab_size
-from captum_iglens.settings import BASELINES as SETTINGS_BASELINES
 
 __all__ = [
     "BASELINES",
+    "BASELINE_ROWS",
+    "BaselineRow",
     "BASELINE_DESCRIPTIONS",
     "MEAN_BASELINE_LAYER",
     "causal_mean",
@@ -35,18 +37,16 @@ __all__ = [
 
 #: Named residual-space baselines accepted by :meth:`~captum_iglens.IGLens.attribute`
 #: (:data:`captum_iglens.settings.BASELINES`).
-BASELINES: tuple[str, ...] = SETTINGS_BASELINES
+BASELINES: tuple[str, ...] = tuple(BASELINE_ROWS)
 
-#: The hidden-state index averaged by the ``"mean"`` baseline: the first block's output,
-#: whichever layers are chosen, so a token's total ``delta_p`` never depends on the choice.
-MEAN_BASELINE_LAYER = 1
+#: The hidden-state index averaged by the ``"mean"`` baseline (its row's ``reads``): the
+#: first block's output, whichever layers are chosen, so a token's total ``delta_p`` never
+#: depends on the choice.
+MEAN_BASELINE_LAYER: int = BASELINE_ROWS["mean"].reads  # type: ignore[assignment]
 
 #: What each baseline is, in words, for tables, JSON and plots.
 BASELINE_DESCRIPTIONS: dict[str, str] = {
-    "mean": "causal mean of h_1 (first block output): over the attended positions up to the "
-            "explained one, in its own document",
-    "zero": "the zero vector of residual space",
-    "embedding": "h_0 (the embedding stream) at the same position",
+    **{name: row.description for name, row in BASELINE_ROWS.items()},
     "tensor": "a residual-space tensor given by the caller",
     "reference ids": "h_n(x'), the last-block residual of the reference token ids",
 }
@@ -116,10 +116,11 @@ def _named_baseline(
 ) -> Tensor:
     if name == "zero":
         return torch.zeros_like(hidden[:, :, 0])
-    if name == "embedding":
-        return states[0]
-    if name == "mean":
-        first = states[MEAN_BASELINE_LAYER]
+    row = BASELINE_ROWS.get(name)
+    if row is not None and row.reads is not None and not row.prefix:
+        return states[row.reads]
+    if row is not None and row.prefix:
+        first = states[row.reads]  # type: ignore[index]
         # only the explained columns and what precedes them are needed
         last = max(positions) + 1
         ids = None if position_ids is None else position_ids[:, :last]

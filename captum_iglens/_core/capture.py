@@ -13,10 +13,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens._core.baselines import (
-    MEAN_BASELINE_LAYER,
-    residual_baseline,
-)
+from captum_iglens._core.baseline_rows import baseline_row
+from captum_iglens._core.baselines import residual_baseline
 from captum_iglens._core.estimators import PathNodes
 from captum_iglens._core.request import PathRequest
 from captum_iglens._core.targets import normalise_contrast, normalise_target
@@ -153,9 +151,10 @@ def recorded_layers(layer_indices: Sequence[int],
     at every position for ``"mean"``); the others are needed at the explained positions only.
     """
     needed = set(layer_indices)
-    whole = {MEAN_BASELINE_LAYER} if isinstance(baselines, str) and baselines == "mean" else set()
-    if isinstance(baselines, str) and baselines in ("embedding", "mean"):
-        needed.add(0 if baselines == "embedding" else MEAN_BASELINE_LAYER)
+    row = baseline_row(baselines)
+    whole = {row.reads} if row is not None and row.prefix else set()
+    if row is not None and row.reads is not None:
+        needed.add(row.reads)
     return needed, whole
 
 

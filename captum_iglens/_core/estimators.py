@@ -13,14 +13,15 @@ Every estimator takes the same :class:`PathNodes` and returns credits ``[B, P, k
   ``(h_end - h_start) . sum_s w_s grad f(h(a_s))``, the paper's reference variant; the
   convergence delta is their discretisation error and shrinks as ``n_steps`` grows.
 
-Adding an estimator is one function and one row of :data:`ESTIMATORS`.
+Adding an estimator is one function and one :func:`register_estimator` call (its row in
+:data:`ESTIMATORS`); the ``method`` names users and the CLI see read that registry.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -32,6 +33,7 @@ from captum_iglens._utils.captum_compat import (
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens._utils.typing import Readout
 from captum_iglens.lens.distribution import wide_log_softmax
+from captum_iglens.lens.layer_readout import is_per_layer
 from captum_iglens.lens.readout import (
     ReadoutMismatchError,
     lens_values,
@@ -39,15 +41,21 @@ from captum_iglens.lens.readout import (
     readout_probs,
     readout_values,
 )
-from captum_iglens.settings import DEFAULT_METHOD
+from captum_iglens.settings import BUILTIN_MIN_STEPS, DEFAULT_METHOD
+from captum_iglens.settings import METHODS as SETTINGS_METHODS
 from captum_iglens.settings import UNITS as SETTINGS_UNITS
+
+if TYPE_CHECKING:
+    from captum_iglens.lens.spec import LensSpec
 
 __all__ = [
     "CONVERGENCE_WARNING",
+    "COST_CLASSES",
     "ESTIMATORS",
     "EstimatorRow",
     "METHODS",
     "UNITS",
+    "estimate_with_lens",
     "is_exact",
     "register_estimator",
     "PathNodes",
@@ -254,8 +262,9 @@ def _gradient(
     readout: Readout, path: PathNodes, probs: Tensor, method: str, n_steps: int, chunk: int
 ) -> Tensor:
     """Riemann / Gauss-Legendre IG along each segment, with Captum's step rules."""
-    if n_steps < 2:
-        raise ValueError(f"method={method!r} needs n_steps >= 2, got {n_steps}.")
+    least = ESTIMATORS[method].min_steps if method in ESTIMATORS else 2
+    if n_steps < least:
+        raise ValueError(f"method={method!r} needs n_steps >= {least}, got {n_steps}.")
     step_sizes_fn, alphas_fn = approximation_parameters(method)
     nodes, out_dtype = path.nodes, probs.dtype
     batch, n_pos, n_nodes, d = nodes.shape
@@ -285,39 +294,56 @@ def _gradient(
 Estimator = Callable[[Readout, PathNodes, Tensor, str, int, int], Tensor]
 
 
+#: Cost classes of an estimator: ``"nodes"`` reads the ``k + 1`` path nodes out once each
+#: (no backward pass, independent of ``n_steps``); ``"gradient"`` reads ``k * n_steps`` grid
+#: points out and back-propagates through each; ``"grid"`` reads ``k * (n_steps + 1)``
+#: points out without a backward pass.
+COST_CLASSES: tuple[str, ...] = ("nodes", "gradient", "grid")
+
+
 @dataclass(frozen=True)
 class EstimatorRow:
-    """An estimator and its facts.
+    """An estimator and its facts, each read where it matters (none restated elsewhere).
 
     Attributes:
         estimate (Estimator): ``(readout, path, node_probs, method, n_steps, chunk) ->
             credits [B, P, k]``.
         exact (bool): The credits add up to ``delta_p`` at any ``n_steps`` and need no
-            gradient (no backward pass; allowed under ``torch.inference_mode``).
-        min_steps (int): The smallest ``n_steps`` accepted.
+            gradient (no backward pass; allowed under ``torch.inference_mode``; never warned
+            about convergence).
+        min_steps (int): The smallest ``n_steps`` accepted (checked by
+            :func:`~captum_iglens._core.pipeline.check_estimator` and the CLI).
+        cost (str): One of :data:`COST_CLASSES`.
     """
 
     estimate: Estimator
     exact: bool
     min_steps: int = 1
+    cost: str = "nodes"
 
 
 #: ``method`` name -> :class:`EstimatorRow` (the one registry; see :func:`register_estimator`).
 ESTIMATORS: dict[str, EstimatorRow] = {
-    DEFAULT_METHOD: EstimatorRow(_prediction_aware, exact=True),
-    **{name: EstimatorRow(_gradient, exact=False) for name in CAPTUM_APPROXIMATION_METHODS},
+    DEFAULT_METHOD: EstimatorRow(_prediction_aware, exact=True,
+                                 min_steps=BUILTIN_MIN_STEPS[DEFAULT_METHOD], cost="nodes"),
+    **{name: EstimatorRow(_gradient, exact=False, min_steps=BUILTIN_MIN_STEPS[name],
+                          cost="gradient") for name in CAPTUM_APPROXIMATION_METHODS},
 }
 
-#: Estimator names accepted by :meth:`~captum_iglens.IGLens.attribute`.
-METHODS: tuple[str, ...] = tuple(ESTIMATORS)
+#: Estimator names accepted by :meth:`~captum_iglens.IGLens.attribute`: live (a registered
+#: estimator appears at once; see :func:`~captum_iglens.settings.methods`).
+METHODS = SETTINGS_METHODS
 
 #: Readouts IG-Lens can decompose: probability (the paper's) or log-probability (nats).
 UNITS: tuple[str, ...] = SETTINGS_UNITS
 
 
-def register_estimator(name: str, estimate: Estimator, *, exact: bool,
-                       min_steps: int = 1) -> None:
+def register_estimator(name: str, estimate: Estimator, *, exact: bool, min_steps: int = 1,
+                       cost: Optional[str] = None) -> None:
     """Add an estimator under ``name`` for ``IGLens.attribute(method=name)``.
+
+    After the call ``name`` is in :data:`METHODS`, :func:`~captum_iglens.settings.methods`
+    and the CLI's ``--method`` choices.
 
     Args:
         name (str): The new ``method`` name.
@@ -326,13 +352,72 @@ def register_estimator(name: str, estimate: Estimator, *, exact: bool,
         exact (bool): Whether its credits add up to ``delta_p`` at any ``n_steps`` without
             gradients (then it is never warned about convergence).
         min_steps (int, optional): The smallest ``n_steps`` it accepts. Default: 1.
+        cost (str, optional): One of :data:`COST_CLASSES`. Default: ``"nodes"`` if
+            ``exact`` else ``"gradient"``.
 
     Raises:
-        ValueError: ``name`` is already registered.
+        ValueError: ``name`` is already registered, ``min_steps < 1`` or an unknown ``cost``.
     """
     if name in ESTIMATORS:
         raise ValueError(f"An estimator named {name!r} exists: choose another name.")
-    ESTIMATORS[name] = EstimatorRow(estimate, exact=exact, min_steps=int(min_steps))
+    if int(min_steps) < 1:
+        raise ValueError(f"min_steps must be >= 1, got {min_steps!r}.")
+    cost = ("nodes" if exact else "gradient") if cost is None else cost
+    if cost not in COST_CLASSES:
+        raise ValueError(f"cost={cost!r}: use one of {COST_CLASSES}.")
+    ESTIMATORS[name] = EstimatorRow(estimate, exact=exact, min_steps=int(min_steps), cost=cost)
+
+
+def estimate_with_lens(spec: LensSpec, path: PathNodes, probs: Tensor, method: str,
+                       n_steps: int, chunk: int) -> tuple[Tensor, Optional[Tensor], Tensor]:
+    """The credits of ``method`` through ``spec``'s readout seam, and the lens terms.
+
+    With the logit lens (the default :class:`~captum_iglens.lens.layer_readout.LogitLens`)
+    this is the estimator's row called once, unchanged: ``(credits, None, probs)``. With a
+    per-layer readout ``g_L`` (``spec.lens``; the baseline is read at layer 0, node ``j`` at
+    its hidden-state index ``L_j``, and ``g_n`` is the model's own readout) segment ``j`` is
+    estimated through one readout, ``g_{L_j}``, from ``g_{L_j}(h_{L_{j-1}})`` to
+    ``g_{L_j}(h_{L_j})`` (the block term), and the change of readout at its start,
+    ``g_{L_j}(h_{L_{j-1}}) - g_{L_{j-1}}(h_{L_{j-1}})``, is its lens term: block terms plus
+    lens terms add up to ``f(h_n) - g_0(b)`` (exactly for the exact estimator, up to the
+    float32 rounding of each term). Any registered estimator works segment by segment.
+
+    Args:
+        spec (LensSpec): The lens (``spec.lens``, ``spec.layer_indices``; block nodes).
+        path (PathNodes): ``[B, P, k + 1, d]`` nodes.
+        probs (Tensor): ``[B, P, k + 1]`` ``f`` at every node through the model's readout
+            (:func:`read_nodes`; its last entry is the checked ``f(h_n)``).
+        method (str): A key of :data:`ESTIMATORS`.
+        n_steps (int): Its steps per segment.
+        chunk (int): Readout rows per chunk.
+
+    Returns:
+        (credits, lens_change, values): ``[B, P, k]`` block terms; ``[B, P, k]`` lens terms
+        (``None`` for the logit lens); ``[B, P, k + 1]`` each node read at its own layer
+        (``g_0(b)``, ``g_{L_j}(h_{L_j})``, ``f(h_n)``; ``probs`` for the logit lens).
+    """
+    row = ESTIMATORS[method]
+    if not is_per_layer(spec.lens):
+        return row.estimate(spec.readout, path, probs, method, n_steps, chunk), None, probs
+    batch, n_pos, n_nodes, d = path.nodes.shape
+    layers = (0, *spec.layer_indices)
+    ids = path.row_ids((batch, n_pos))
+
+    def read(node: int, layer: int) -> Tensor:
+        points = path.nodes[:, :, node].reshape(-1, d)
+        return readout_probs(spec.readout_at(layer), points, ids, chunk, path.log).view(
+            batch, n_pos)
+
+    own = [read(j, layers[j]) for j in range(n_nodes - 1)] + [probs[..., -1]]
+    credits, changes = [], []
+    for j in range(1, n_nodes):
+        start = own[j - 1] if layers[j] == layers[j - 1] else read(j - 1, layers[j])
+        segment = replace(path, nodes=path.nodes[:, :, j - 1:j + 1])
+        credits.append(row.estimate(spec.readout_at(layers[j]), segment,
+                                    torch.stack([start, own[j]], dim=-1), method, n_steps,
+                                    chunk))
+        changes.append((start.double() - own[j - 1].double()).to(probs.dtype))
+    return torch.cat(credits, dim=-1), torch.stack(changes, dim=-1), torch.stack(own, dim=-1)
 
 
 def is_exact(method: str) -> bool:

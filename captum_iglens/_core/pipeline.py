@@ -18,16 +18,15 @@ from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.estimators import (
     ESTIMATORS,
     PathNodes,
+    estimate_with_lens,
     read_nodes,
     warn_if_not_converged,
 )
 from captum_iglens._core.request import PathRequest
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec, is_int
-from captum_iglens.lens.architectures import vocab_size
 from captum_iglens.lens.readout import chunk_rows, readout_top_k
 from captum_iglens.lens.readout_check import check_distribution_errors, check_readout
 from captum_iglens.lens.spec import LensSpec
-from captum_iglens.lens.state import model_dtype
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
@@ -102,6 +101,7 @@ def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, 
         top_k_probs=_spread(flat.top_k_probs, mask, nan),
         top_k_ids=_spread(flat.top_k_ids, mask, -1),
         contrast=cap.path.contrast,
+        lens_change=_spread(flat.lens_change, mask, nan),
     )
 
 
@@ -139,19 +139,21 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
     del reference  # a view of the model's [B, P, V] distribution: freed below
     probs = nodes.values
     name = getattr(readout, "name", "") or type(spec.model).__name__
-    check_readout(readout, probs, cap.model_probs, model_dtype(spec.model), name,
+    check_readout(readout, probs, cap.model_probs, spec.dtype, name,
                   verify=spec.check_readout, final=nodes.final)
     if checked:
         assert nodes.errors is not None and cap.reference is not None  # read_nodes with a reference
-        check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
+        check_distribution_errors(nodes.errors, cap.reference, spec.dtype,
                                   path.nodes.shape[-1], name)
     cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
-    credits = ESTIMATORS[method].estimate(readout, path, probs, method, n_steps, chunk)
+    credits, lens_change, probs = estimate_with_lens(spec, path, probs, method, n_steps, chunk)
     p_base, p_final = probs[..., 0], probs[..., -1]
-    warn_if_not_converged(credits, p_final - p_base, method, n_steps)
+    # the credits add up to f(h_n) - g_0(b) less the lens terms (none for the logit lens)
+    p_start = p_base if lens_change is None else p_base + lens_change.sum(-1)
+    warn_if_not_converged(credits, p_final - p_start, method, n_steps)
     out = IGLensOutput(
         attributions=credits,
-        convergence_delta=convergence_delta(credits, p_final, p_base),
+        convergence_delta=convergence_delta(credits, p_final, p_start),
         lens_probs=probs[..., 1:],
         p_final=p_final,
         p_baseline=p_base,
@@ -163,6 +165,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         units=spec.units,
         contrast=path.contrast,
         granularity=spec.granularity,
+        lens_change=lens_change,
     )
     if top_k:
         out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
@@ -171,7 +174,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
 
 def readout_chunk(spec: LensSpec, internal_batch_size: Optional[int]) -> int:
     """Readout rows per chunk for ``spec`` (see :func:`~captum_iglens.lens.readout.chunk_rows`)."""
-    return chunk_rows(internal_batch_size, vocab_size(spec.model) or 1)
+    return chunk_rows(internal_batch_size, spec.vocab_size or 1)
 
 
 def capture_lens_path(

@@ -134,18 +134,22 @@ def _check_effect(args: argparse.Namespace) -> None:
     effect = args.effect
     if effect == DEFAULT_EFFECT:
         return
-    if args.baseline not in ("mean", "zero"):
-        raise UsageError(f"--effect {effect} gates block updates: --baseline must be mean or "
-                         f"zero (the update's reference), not {args.baseline}")
+    from captum_iglens._core.baseline_rows import gate_references
+
+    if args.baseline not in gate_references():
+        raise UsageError(f"--effect {effect} gates block updates: --baseline must be "
+                         f"{' or '.join(gate_references())} (the update's reference), not "
+                         f"{args.baseline}")
     if getattr(args, "heads", False):
         raise UsageError(f"--effect {effect} has no head gates yet: drop --heads")
 
 
 def _check_method_steps(args: argparse.Namespace) -> None:
-    from captum_iglens.settings import CAPTUM_METHODS
+    from captum_iglens.settings import method_min_steps
 
-    if args.method in CAPTUM_METHODS and args.n_steps < 2:
-        raise UsageError(f"--method {args.method} needs --n-steps >= 2")
+    least = method_min_steps(args.method) or 1
+    if args.n_steps < least:
+        raise UsageError(f"--method {args.method} needs --n-steps >= {least}")
 
 
 def add_result_options(parser: argparse.ArgumentParser) -> None:

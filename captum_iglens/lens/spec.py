@@ -8,6 +8,7 @@ model's parts and facts from it instead of inspecting the model again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional, Sequence
 
 import torch
@@ -17,11 +18,14 @@ from captum_iglens._utils.typing import LayerSpec, Readout
 from captum_iglens.lens.architectures import (
     display_name,
     input_embeddings,
+    model_type,
     resolve_decoder_blocks,
     strip_parallel,
     vocab_size,
 )
 from captum_iglens.lens.changes import ModelStructure
+from captum_iglens.lens.families import ArchitectureLayout, family_row
+from captum_iglens.lens.layer_readout import LayerReadout, LogitLens, at_layer, is_per_layer
 from captum_iglens.lens.layers import resolve_layer_indices
 from captum_iglens.lens.readout import resolve_readout
 from captum_iglens.lens.state import execution_device, model_dtype
@@ -58,6 +62,10 @@ class LensSpec:
         half_site (HalfBlockSite, optional): Where ``L.attn`` lives (sub-layer only).
         head_site (HeadSite, optional): Where the heads meet (``heads=True`` only).
         effect (str): What a credit measures: ``"readout"``, ``"total"`` or ``"atp"``.
+        lens (LayerReadout): The readout seam ``lens(h, layer)``: by default
+            :class:`~captum_iglens.lens.layer_readout.LogitLens` of ``readout`` (every layer
+            read by the model's own readout); a per-layer readout otherwise (see
+            :meth:`readout_at`).
     """
 
     model: nn.Module = field(repr=False)
@@ -72,6 +80,27 @@ class LensSpec:
     half_site: Optional[HalfBlockSite] = None
     head_site: Optional[HeadSite] = None
     effect: str = DEFAULT_EFFECT
+    lens: LayerReadout = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        """Default the seam to the model's own readout at every layer."""
+        if self.lens is None:
+            object.__setattr__(self, "lens", LogitLens(self.readout))
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether layers are read by a per-layer readout (not the logit lens)."""
+        return is_per_layer(self.lens)
+
+    def readout_at(self, layer: int) -> Readout:
+        """The readout of hidden-state index ``layer``: ``h -> lens(h, layer)``.
+
+        The last layer ``n`` is always read by the model's own :attr:`readout` (Invariant R
+        is checked on it), whatever the seam.
+        """
+        if layer == self.num_layers or not self.per_layer:
+            return self.readout
+        return at_layer(self.lens, layer)
 
     @classmethod
     def from_model(
@@ -85,17 +114,21 @@ class LensSpec:
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
         effect: str = DEFAULT_EFFECT,
+        lens: Optional[LayerReadout] = None,
     ) -> LensSpec:
         """Locate the blocks and readout, resolve the layers and check every setting.
 
-        Arguments are those of :class:`~captum_iglens.IGLens`.
+        Arguments are those of :class:`~captum_iglens.IGLens`; ``lens`` is a per-layer
+        readout ``lens(h, layer) -> logits`` (:class:`~captum_iglens.lens.layer_readout.
+        LayerReadout`; default: the model's own readout at every layer).
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
             ValueError: a layer out of range, given twice or not a decoder block; unknown
                 ``units``, ``granularity`` or ``effect``; ``heads=True`` without sub-layer
-                nodes.
-            TypeError: a layer of another type.
+                nodes; a per-layer ``lens`` with sub-layer nodes or another effect than
+                ``"readout"``.
+            TypeError: a layer of another type; a ``lens`` that is not callable.
             SublayerUnsupportedError: sub-layer nodes (or heads) for a family whose
                 half-block residual (or head split) is not known.
         """
@@ -104,6 +137,8 @@ class LensSpec:
             raise ValueError(f"units={units!r}: use one of {UNITS}.")
         if effect not in EFFECTS:
             raise ValueError(f"effect={effect!r}: use one of {EFFECTS}.")
+        if lens is not None:
+            _check_lens(lens, granularity, effect)
         model = strip_parallel(model)
         blocks = decoder_blocks if decoder_blocks is not None else resolve_decoder_blocks(model)
         located = readout is None
@@ -116,6 +151,7 @@ class LensSpec:
             units=units, check_readout=check_readout, granularity=granularity, heads=heads,
             half_site=half_block_site(model, blocks) if sub else None,
             head_site=head_site(model, blocks) if heads else None, effect=effect,
+            lens=lens,  # type: ignore[arg-type]
         )
 
     @property
@@ -134,10 +170,28 @@ class LensSpec:
             return sublayer_node_indices(self.layer_indices)
         return self.layer_indices
 
-    @property
+    @cached_property
     def vocab_size(self) -> Optional[int]:
-        """``V``, the model's vocabulary size (``None`` when its config does not say)."""
+        """``V``, the vocabulary size (``None`` when the config does not say; read once)."""
         return vocab_size(self.model)
+
+    @cached_property
+    def model_type(self) -> str:
+        """``config.model_type`` (wrappers unwrapped), else the class name (read once)."""
+        return model_type(self.model)
+
+    @cached_property
+    def family(self) -> Optional[ArchitectureLayout]:
+        """The family's row in :data:`~captum_iglens.lens.families.FAMILIES` (read once).
+
+        ``None`` for a family outside the table.
+        """
+        return family_row(self.model_type)
+
+    @cached_property
+    def input_embeddings(self) -> Optional[nn.Module]:
+        """``model.get_input_embeddings()``, or ``None`` where there is none (read once)."""
+        return input_embeddings(self.model)
 
     @property
     def readout_device(self) -> Optional[torch.device]:
@@ -146,18 +200,28 @@ class LensSpec:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The model's floating-point dtype."""
+        """The model's floating-point dtype (read on each access: the model may be cast)."""
         return model_dtype(self.model)
 
-    @property
+    @cached_property
     def display_name(self) -> str:
-        """The model's name for results and reports (never a local path)."""
+        """The model's name for results and reports (never a local path; read once)."""
         return display_name(self.model)
 
     @property
     def recordable(self) -> bool:
         """Whether residuals recorded while generating can serve the path (block nodes)."""
         return self.granularity == "block" and self.effect == DEFAULT_EFFECT
+
+
+def _check_lens(lens: object, granularity: str, effect: str) -> None:
+    """Refuse a per-layer readout that is not callable, or where it is not defined yet."""
+    if not callable(lens):
+        raise TypeError(f"lens must be callable as lens(hidden, layer) -> logits, got "
+                        f"{type(lens).__name__}.")
+    if is_per_layer(lens) and (granularity != "block" or effect != DEFAULT_EFFECT):
+        raise ValueError("A per-layer readout (lens=...) reads block nodes h_L: use "
+                         "granularity='block' and effect='readout' with it.")
 
 
 def check_granularity(granularity: object, heads: object) -> None:

@@ -4,7 +4,8 @@ IG-Lens's telescoping holds for any sequence of residual states on the path, so 
 residual between a block's attention and its MLP as a path node splits the block's credit
 into an attention credit and an MLP credit that add up to it exactly (Proposition 1 of
 arXiv:2606.29693 applied to a finer path). Where that residual lives differs by family, and
-is read, never guessed, from this table:
+is read, never guessed, from the ``half_block`` of the family's row
+(:data:`~captum_iglens.lens.families.FAMILIES`):
 
 * ``"input"`` of a named submodule — sequential blocks, whose MLP branch starts from the
   half-way residual: the MLP's pre-norm (``post_attention_layernorm`` in Llama, Mistral,
@@ -32,6 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 from torch import Tensor, nn
 
 from captum_iglens.lens.architectures import model_type, unwrap_model
+from captum_iglens.lens.families import FAMILIES, HalfBlockSite, family_row, site_of
 from captum_iglens.lens.hooks import held_hooks
 
 __all__ = ["HalfBlockSite", "SublayerUnsupportedError", "capture_half_residuals",
@@ -42,71 +44,9 @@ class SublayerUnsupportedError(ValueError):
     """The family's half-block residual is not known: sub-layer credits are refused."""
 
 
-@dataclass(frozen=True)
-class HalfBlockSite:
-    """How to read ``L.attn`` of one family.
-
-    Attributes:
-        kind (str): ``"input"`` (the input of ``module``) or ``"parallel"`` (the block's
-            input plus the first output of ``module``, its attention).
-        module (str): Attribute name of the submodule in the decoder block.
-    """
-
-    kind: str
-    module: str
-
-
-_SEQUENTIAL = {
-    **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "olmo", "gemma",
-                     "granite", "granitemoe", "granitemoeshared", "granite_swa",
-                     "granitemoe_swa", "nanochat", "hyperclovax", "bloom"),
-                    "post_attention_layernorm"),
-    **dict.fromkeys(("gemma2", "gemma3_text", "gemma3", "gemma4_text", "vaultgemma", "beam"),
-                    "pre_feedforward_layernorm"),
-    **dict.fromkeys(("gpt2", "gpt_bigcode", "gpt_neo"), "ln_2"),
-    "mpt": "norm_2",
-    "olmo2": "mlp",
-}
-_PARALLEL = {
-    **dict.fromkeys(("gptj", "codegen"), "attn"),
-    **dict.fromkeys(("phi", "cohere", "cohere2", "cohere2_moe"), "self_attn"),
-}
-#: Families sequential or parallel by a config flag: (flag, parallel module, sequential norm).
-_SWITCHED = {
-    "gpt_neox": ("use_parallel_residual", "attention", "post_attention_layernorm"),
-    "stablelm": ("use_parallel_residual", "self_attn", "post_attention_layernorm"),
-}
-
-
-def _config(model: nn.Module) -> Any:
+def _config(model: nn.Module) -> object:
     config = getattr(unwrap_model(model), "config", None)
     return getattr(config, "text_config", None) or config
-
-
-#: Half-block sites added by :func:`~captum_iglens.lens.registry.register_family`.
-REGISTERED_SITES: dict[str, HalfBlockSite] = {}
-
-
-def _site_by_family(kind: str, config: object) -> Optional[HalfBlockSite]:
-    if kind in REGISTERED_SITES:
-        return REGISTERED_SITES[kind]
-    if kind in _SEQUENTIAL:
-        return HalfBlockSite("input", _SEQUENTIAL[kind])
-    if kind in _PARALLEL:
-        return HalfBlockSite("parallel", _PARALLEL[kind])
-    if kind in _SWITCHED:
-        flag, attention, norm = _SWITCHED[kind]
-        if getattr(config, flag, False):
-            return HalfBlockSite("parallel", attention)
-        return HalfBlockSite("input", norm)
-    if kind == "opt" and getattr(config, "do_layer_norm_before", True):
-        return HalfBlockSite("input", "final_layer_norm")
-    if kind == "falcon":
-        parallel = (getattr(config, "new_decoder_architecture", False)
-                    or getattr(config, "parallel_attn", True))
-        return (HalfBlockSite("parallel", "self_attention") if parallel
-                else HalfBlockSite("input", "post_attention_layernorm"))
-    return None
 
 
 def half_block_site(model: nn.Module, blocks: nn.ModuleList) -> HalfBlockSite:
@@ -117,7 +57,8 @@ def half_block_site(model: nn.Module, blocks: nn.ModuleList) -> HalfBlockSite:
             submodule the table names (the message says what to do instead).
     """
     kind = model_type(model)
-    site = _site_by_family(kind, _config(model))
+    row = family_row(kind)
+    site = None if row is None else site_of(row, _config(model))
     if site is None:
         raise SublayerUnsupportedError(
             f"Sub-layer credits are not defined for {kind!r}: its half-block residual (after "
@@ -183,10 +124,10 @@ def _sum_hook(index: int, inputs: dict[int, Tensor], store: dict[int, Tensor]
     return hook
 
 
-#: Families whose attention output is ``self_attn.o_proj`` of the concatenated heads, added
-#: to the residual as it is (no post-attention norm, no multiplier).
-HEAD_FAMILIES: tuple[str, ...] = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "olmo", "gemma")
+#: The built-in families whose attention output is the projection of the concatenated heads,
+#: added to the residual as it is (no post-attention norm, no multiplier): a view of the
+#: rows' ``heads`` (code reads the row, registered families included).
+HEAD_FAMILIES: tuple[str, ...] = tuple(k for k, r in FAMILIES.items() if r.heads)
 
 
 @dataclass(frozen=True)
@@ -213,21 +154,25 @@ def head_site(model: nn.Module, blocks: nn.ModuleList) -> HeadSite:
     """The :class:`HeadSite` of ``model``'s family, checked against its blocks.
 
     Raises:
-        SublayerUnsupportedError: a family outside :data:`HEAD_FAMILIES`, or blocks whose
+        SublayerUnsupportedError: a family whose row names no head split, or blocks whose
             output projection is not an ``nn.Linear`` over ``H`` equal head slices.
     """
     kind = model_type(model)
-    if kind not in HEAD_FAMILIES:
+    row = family_row(kind)
+    if row is None or row.heads is None:
+        known = [k for k, r in FAMILIES.items() if r.heads]
         raise SublayerUnsupportedError(
             f"Per-head credits are not defined for {kind!r}: they are implemented for the "
-            f"families whose attention adds o_proj of the concatenated heads to the residual "
-            f"as it is ({', '.join(HEAD_FAMILIES)}). Use heads=False (the attention credit "
+            f"families whose attention adds the projection of the concatenated heads to the "
+            f"residual as it is ({', '.join(known)}). Use heads=False (the attention credit "
             "stays whole).")
-    site = HeadSite("self_attn", "o_proj", int(_config(model).num_attention_heads))
+    attention, projection = row.heads
+    site = HeadSite(attention, projection, int(_config(model).num_attention_heads))
     for block in blocks:
         proj = _projection(block, site)
         if not isinstance(proj, nn.Linear) or proj.in_features % site.n_heads:
             raise SublayerUnsupportedError(
-                f"The decoder blocks of this {kind!r} model have no self_attn.o_proj Linear "
+                f"The decoder blocks of this {kind!r} model have no {attention}.{projection} "
+                f"Linear "
                 f"over {site.n_heads} heads: use heads=False.")
     return site

@@ -68,6 +68,12 @@ class IGLensOutput:
         method (str, optional): The estimator that made the credits (``"atp"`` for
             attribution patching).
         n_steps (int, optional): Its steps.
+        lens_change (Tensor, optional): ``[B, P, k]`` with a per-layer readout ``g_L``
+            (``IGLens(model, lens=...)``): the lens term of each segment,
+            ``g_{L_j}(h_{L_{j-1}}) - g_{L_{j-1}}(h_{L_{j-1}})``; ``attributions`` are then the
+            block terms and ``attributions.sum(-1) + lens_change.sum(-1) = p_final -
+            p_baseline`` (``p_baseline = g_0(b)``, ``lens_probs`` ``g_L(h_L)``). ``None`` for
+            the logit lens (the default), whose lens terms are zero.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -93,6 +99,7 @@ class IGLensOutput:
     effect: str = DEFAULT_EFFECT
     method: Optional[str] = None
     n_steps: Optional[int] = None
+    lens_change: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""

@@ -18,7 +18,6 @@ from captum_iglens._core.capture import paths_from_states
 from captum_iglens._core.inputs import check_top_k
 from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import display_name, vocab_size
 from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
@@ -116,7 +115,7 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         explained[r, _columns(job, n_cols)] = True
     model = lens.model
     ids, mask = left_pad(rows, pad_id(tokenizer), input_device(model))
-    targets, foils = _targets(ids, jobs, n_cols, vocab_size(model) or 1)
+    targets, foils = _targets(ids, jobs, n_cols, lens.spec.vocab_size or 1)
     if foils is not None:
         attribute_kwargs["contrast"] = foils
     positions = list(range(ids.shape[1] - n_cols, ids.shape[1]))
@@ -188,7 +187,7 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
     _check_jobs(jobs)
     if any(job.foils is not None and len(job.foils) != len(job.answer_ids) for job in jobs):
         raise ValueError("Give one foil per answer token (contrast_per_token).")
-    vocab = vocab_size(lens.model) or recording.logits.shape[-1]
+    vocab = lens.spec.vocab_size or recording.logits.shape[-1]
     check_top_k(top_k, vocab)
     method = attribute_kwargs.get("method", DEFAULT_METHOD)
     n_steps = attribute_kwargs.get("n_steps", DEFAULT_N_STEPS)
@@ -228,5 +227,5 @@ def _row_result(out: Any, row: int, job: AnswerJob, n_cols: int, tokenizer: Any,
         token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
         method=settings.get("method", DEFAULT_METHOD),
         n_steps=settings.get("n_steps", DEFAULT_N_STEPS),
-        onset_frac=onset_frac, onset_rule=onset_rule, model_name=display_name(lens.model))
+        onset_frac=onset_frac, onset_rule=onset_rule, model_name=lens.spec.display_name)
     return result_from_output(out, row, _columns(job, n_cols), spec, tokenizer)

@@ -25,7 +25,6 @@ from captum_iglens._core.pipeline import check_estimator, output_from_path, read
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import display_name, vocab_size
 from captum_iglens.lens.context import context_length
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensOutput, IGLensResult
@@ -152,7 +151,7 @@ def _one_pass(lens: IGLens, sequence: Tensor, chosen: list[int], chunk: int,
     method = settings.get("method", DEFAULT_METHOD)
     n_steps = settings.get("n_steps", DEFAULT_N_STEPS)
     check_estimator(method, n_steps)
-    check_top_k(top_k, vocab_size(lens.model))
+    check_top_k(top_k, lens.spec.vocab_size)
     baselines = settings.get("baselines", DEFAULT_BASELINE)
     rows = readout_chunk(lens.spec, settings.get("internal_batch_size"))
     outputs = []
@@ -255,7 +254,7 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
                       method=attribute_kwargs.get("method", DEFAULT_METHOD),
                       n_steps=attribute_kwargs.get("n_steps", DEFAULT_N_STEPS),
                       onset_frac=onset_frac,
-                      onset_rule=onset_rule, model_name=display_name(lens.model))
+                      onset_rule=onset_rule, model_name=lens.spec.display_name)
     result = result_from_output(output, 0, range(len(chosen)), spec, tokenizer)
     result.extras["document"] = True
     return result

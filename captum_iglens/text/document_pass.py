@@ -26,11 +26,11 @@ from captum_iglens._core.baselines import MEAN_BASELINE_LAYER, is_reference_ids
 from captum_iglens._core.capture import recorded_layers
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
+from captum_iglens.lens.families import UNCACHED_DOCUMENTS, family_row
 from captum_iglens.lens.hooks import capture_residual_stream, check_finite_residuals
 from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.state import (
     dynamic_rope_prefixes,
-    execution_device,
     forward_parameters,
     model_state_preserved,
 )
@@ -41,12 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["UNCACHED_DOCUMENTS", "DocumentChunk", "cache_refusal", "document_chunks"]
 
-#: Families whose KV cache cannot carry a text from one chunk to the next
-#: (``config.model_type`` -> why); their documents are re-run per chunk.
-UNCACHED_DOCUMENTS = {
-    "recurrent_gemma": "its recurrent state restarts at every pass of more than one token, "
-                       "and its forward hands back no cache",
-}
 
 #: Names of the forward's KV-cache argument (transformers 5, then 4).
 _CACHE_ARGUMENTS = ("cache", "past_key_values")
@@ -73,8 +67,9 @@ def cache_refusal(model: nn.Module, n_tokens: int,
     if not any(name in params for name in _CACHE_ARGUMENTS):
         return "its forward takes no KV cache"
     kind = model_type(model)
-    if kind in UNCACHED_DOCUMENTS:
-        return f"{kind}: {UNCACHED_DOCUMENTS[kind]}"
+    row = family_row(kind)
+    if row is not None and row.uncached:
+        return f"{kind}: {row.uncached}"
     config = getattr(unwrap_model(model), "config", None)
     config = getattr(config, "text_config", None) or config
     shared = getattr(config, "num_kv_shared_layers", 0)
@@ -184,8 +179,7 @@ def _cached_pass(lens: IGLens, ids: Tensor, cache: Any, start: int, rel: list[in
         ResidualShapeError: a block's output is not ``[1, n, d]``.
     """
     model, blocks = lens.model, lens.decoder_blocks
-    readout = lens.readout
-    device = execution_device(readout) if isinstance(readout, nn.Module) else None
+    device = lens.spec.readout_device
     kwargs = _pass_kwargs(forward_parameters(model), cache, start, start + ids.shape[1], rel,
                           ids.device)
     finite: dict[int, Tensor] = {}

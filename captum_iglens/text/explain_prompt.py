@@ -11,7 +11,7 @@ from torch import nn
 from captum_iglens._core.inputs import check_token_ids
 from captum_iglens._utils.typing import LayerSpec
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import display_name, strip_parallel, vocab_size
+from captum_iglens.lens.architectures import display_name, strip_parallel
 from captum_iglens.lens.context import check_context
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
@@ -300,7 +300,7 @@ def _explain_one(
 ) -> IGLensResult:
     rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
     foils = foil_ids(tokenizer, contrast)
-    check_token_ids(torch.tensor([rendered.ids]), vocab_size(model))  # before generate
+    check_token_ids(torch.tensor([rendered.ids]), lens.spec.vocab_size)  # before generate
     if target is None:
         check_context(model, len(rendered.ids), max_new_tokens, generated=True)
     baselines = attribute_kwargs.get("baselines", DEFAULT_BASELINE)

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from captum_iglens._core.baseline_rows import recordable_baselines
 from captum_iglens._core.capture import recorded_layers
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
-from captum_iglens.lens.families import UNRECORDED_GENERATION
+from captum_iglens.lens.families import family_row
 from captum_iglens.lens.hooks import check_finite_residuals, record_residual_steps
-from captum_iglens.lens.state import execution_device, model_dtype
-from captum_iglens.settings import BASELINES, DEFAULT_BASELINE
+from captum_iglens.lens.state import model_dtype
+from captum_iglens.settings import DEFAULT_BASELINE
 from captum_iglens.text.generation import greedy_generate
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ __all__ = ["Recording", "can_record", "generate_recording"]
 
 #: The baselines a recording can start paths from (reference ids and tensors need a forward
 #: or shapes of their own: those runs are teacher-forced).
-RECORDABLE_BASELINES = BASELINES
+RECORDABLE_BASELINES = recordable_baselines()
 
 
 def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bool:
@@ -56,8 +57,9 @@ def can_record(baselines: BaselineSpec, model: Optional[nn.Module] = None) -> bo
 
 def _unrecordable(model: nn.Module) -> Optional[str]:
     """Why ``model``'s generation cannot be recorded, or ``None``."""
-    if model_type(model) in UNRECORDED_GENERATION:
-        return f"{model_type(model)}: {UNRECORDED_GENERATION[model_type(model)]}"
+    row = family_row(model_type(model))
+    if row is not None and row.unrecorded:
+        return f"{model_type(model)}: {row.unrecorded}"
     if model_dtype(model) == torch.float64:
         # generate hands back its logits in float32: too coarse for a float64 model's check
         return "a float64 model: generate returns float32 logits"
@@ -145,8 +147,7 @@ def generate_recording(lens: IGLens, tokenizer: Any, prompt_ids: Sequence[Sequen
         raise ValueError(f"baselines={baselines!r} cannot be recorded while generating: use "
                          f"one of {RECORDABLE_BASELINES}, or teacher forcing.")
     needed, whole = recorded_layers(lens.layer_indices, baselines)
-    readout = lens.readout
-    device = execution_device(readout) if isinstance(readout, torch.nn.Module) else None
+    device = lens.spec.readout_device
     passes: dict[int, list[Tensor]] = {}  # every block, chosen or not: name the first NaN
     with record_residual_steps(blocks, needed, device, whole, passes) as steps:
         answers, out, prompt_mask = greedy_generate(

@@ -31,9 +31,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens.lens.architectures import resolve_decoder_blocks
-from captum_iglens.lens.readout import resolve_readout
-from captum_iglens.lens.state import forward_parameters, input_device, model_dtype
+from captum_iglens.lens.spec import LensSpec
+from captum_iglens.lens.state import forward_parameters, input_device
 from captum_iglens.validate.ablation_checks import AblationCheckError, AblationChecks
 from captum_iglens.validate.ablation_hooks import eval_mode, target_probs
 from captum_iglens.validate.ablation_rows import ResidualTrace, RowPlan, run_rows, trace_forward
@@ -129,9 +128,11 @@ class BlockAblation(AblationChecks):
     """Ablate each decoder block's residual update at explained positions of a causal LM.
 
     Args:
-        model (nn.Module): A Hugging Face causal LM whose forward takes a KV cache
-            (``cache`` or ``past_key_values``) and whose blocks :func:`resolve_decoder_blocks`
-            finds.
+        model (nn.Module or LensSpec): A Hugging Face causal LM whose forward takes a KV
+            cache (``cache`` or ``past_key_values``) and whose blocks
+            :func:`~captum_iglens.lens.architectures.resolve_decoder_blocks` finds, or the
+            :class:`~captum_iglens.lens.spec.LensSpec` of one (``IGLens(model).spec``: its
+            blocks and readout are used, not located again).
         tolerance_eps (float, optional): Check tolerance in units of the model dtype's
             machine epsilon, capped at :data:`CHECK_TOLERANCE_CAP` (2e-2) for half precision.
             Default: :data:`CHECK_TOLERANCE_EPS` (about 3.1e-5 in float32).
@@ -151,17 +152,19 @@ class BlockAblation(AblationChecks):
         >>> out.drops["zero"].shape                           # [P, n]
     """
 
-    def __init__(self, model: nn.Module, tolerance_eps: float = CHECK_TOLERANCE_EPS,
-                 grow: bool = True) -> None:
-        """Locate the blocks and readout; see the class docstring for the arguments."""
-        self.model = model
-        self.blocks = resolve_decoder_blocks(model)
-        self.readout = resolve_readout(model)
+    def __init__(self, model: nn.Module | LensSpec,
+                 tolerance_eps: float = CHECK_TOLERANCE_EPS, grow: bool = True) -> None:
+        """Take the blocks and readout of the spec; see the class docstring for the arguments."""
+        spec = model if isinstance(model, LensSpec) else LensSpec.from_model(model)
+        self.spec = spec
+        self.model = spec.model
+        self.blocks = spec.decoder_blocks
+        self.readout = spec.readout
         self.grow = bool(grow)
-        params = forward_parameters(model)
+        params = forward_parameters(self.model)
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._can_keep = "logits_to_keep" in params
-        dtype = model_dtype(model)
+        dtype = spec.dtype
         self.tolerance = min(float(tolerance_eps) * torch.finfo(dtype).eps, CHECK_TOLERANCE_CAP)
 
     @property

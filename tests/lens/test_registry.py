@@ -18,7 +18,7 @@ from captum_iglens import IGLens, UnknownArchitectureError, register_estimator, 
 from captum_iglens._core.estimators import ESTIMATORS
 from captum_iglens.lens.families import FAMILIES
 from captum_iglens.lens.registry import ArchitectureLayout, HalfBlockSite
-from captum_iglens.lens.sublayer import REGISTERED_SITES, SublayerUnsupportedError
+from captum_iglens.lens.sublayer import SublayerUnsupportedError
 
 
 class _Wrapped(nn.Module):
@@ -43,7 +43,6 @@ def wrapped():
     kind = "wrapped_llama_test"
     yield _Wrapped(make_tiny("llama").eval(), kind), kind
     FAMILIES.pop(kind, None)
-    REGISTERED_SITES.pop(kind, None)
 
 
 def test_a_registered_family_runs_as_the_bare_model(wrapped) -> None:
@@ -92,3 +91,48 @@ def test_register_estimator_adds_a_method_with_its_facts() -> None:
             register_estimator("node_differences_test", halves, exact=True)
     finally:
         ESTIMATORS.pop("node_differences_test", None)
+
+
+@pytest.fixture
+def renamed():
+    """A tiny Llama whose config names a family the table does not know."""
+    kind = "renamed_llama_test"
+    model = make_tiny("llama").eval()
+    model.config = copy.deepcopy(model.config)
+    model.config.model_type = kind
+    yield model, kind
+    FAMILIES.pop(kind, None)
+
+
+def test_one_register_family_call_is_the_whole_row(renamed) -> None:
+    """Llama's row registered under a new name: block, sub-layer and head credits all work,
+    add up, and read the model's own distribution at ``h_n``."""
+    from dataclasses import replace
+
+    model, kind = renamed
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with pytest.raises(SublayerUnsupportedError, match=kind):
+        IGLens(model, granularity="sublayer")  # located generically, but no half-block site
+    register_family(kind, replace(FAMILIES["llama"]))  # one call, the whole row
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    own = logits.log_softmax(-1).exp()
+    for granularity, heads in (("block", False), ("sublayer", False), ("sublayer", True)):
+        out = IGLens(model, granularity=granularity, heads=heads).attribute_details(
+            ids, positions=[1, 4])
+        target = out.target
+        model_p = own[0, [1, 4]].gather(-1, target[0, :, None])[:, 0]
+        # Invariant R: f(h_n) is the model's own probability (float32 readout, |p| <= 1)
+        eps = torch.finfo(torch.float32).eps
+        assert ((out.p_final[0] - model_p).abs() <= 64 * eps).all(), granularity
+        # completeness: the exact estimator's credits add up to delta_p; each of the k
+        # credits is a float64 difference rounded to float32 (<= eps/2 * |credit|)
+        total = out.attributions.double().sum(-1)
+        delta = (out.p_final - out.p_baseline).double()
+        bound = eps * (out.attributions.double().abs().sum(-1) + delta.abs())
+        assert ((total - delta).abs() <= bound).all(), granularity
+        if heads:
+            assert out.head_credits is not None and out.head_credits.shape[-1] == 4
+    # the rows name every fact: recordable, cached, no refusal
+    row = FAMILIES[kind]
+    assert row.unrecorded is None and row.uncached is None and row.heads == ("self_attn", "o_proj")

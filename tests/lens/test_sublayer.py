@@ -116,9 +116,12 @@ def test_attn_node_is_the_independent_half_residual(family: str) -> None:
 def test_a_wrong_half_block_node_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading L.attn at the attention's pre-norm (the block's input) instead of the MLP's
     pre-norm still telescopes, but the node check above fails: the test can fail."""
-    from captum_iglens.lens import sublayer as _sublayer
+    from dataclasses import replace
 
-    monkeypatch.setitem(_sublayer._SEQUENTIAL, "llama", "input_layernorm")
+    from captum_iglens.lens.families import FAMILIES, HalfBlockSite
+
+    monkeypatch.setitem(FAMILIES, "llama", replace(
+        FAMILIES["llama"], half_block=HalfBlockSite("input", "input_layernorm")))
     with pytest.raises(AssertionError):
         _check_attn_levels("llama")
 

@@ -1,0 +1,80 @@
+"""The readout seam: ``readout(h, layer)``, one readout per hidden-state index.
+
+IG-Lens reads every path node through a readout ``g``. By default ``g`` is the model's own
+final norm and unembedding at every layer (the logit lens, :class:`LogitLens`: the layer is
+ignored, and the computation is the one of a spec without a seam, bit for bit). A per-layer
+readout (a tuned-lens translator, a Jacobian lens) is any object with
+``__call__(hidden, layer) -> logits`` (:class:`LayerReadout`), passed as
+``IGLens(model, lens=...)``; it must be the model's own readout at the last layer ``n``
+(Invariant R is checked there).
+
+With a readout ``g_L`` per layer the path ``g_0(b) -> g_{L_1}(h_{L_1}) -> ... -> g_n(h_n)``
+telescopes into a block term per segment, ``g_{L_j}(h_{L_j}) - g_{L_j}(h_{L_{j-1}})`` (what
+the estimators credit: the segment read through one readout), and a lens term per segment,
+``g_{L_j}(h_{L_{j-1}}) - g_{L_{j-1}}(h_{L_{j-1}})`` (the change of readout at a fixed
+residual; the baseline is read at layer 0): block terms plus lens terms add up to
+``f(h_n) - g_0(b)`` (:func:`~captum_iglens._core.estimators.estimate_with_lens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from captum_iglens._utils.typing import Readout
+
+__all__ = ["LayerReadout", "LogitLens", "at_layer", "is_per_layer"]
+
+
+@runtime_checkable
+class LayerReadout(Protocol):
+    """A readout per hidden-state index: ``(hidden [..., d], layer) -> logits [..., V]``.
+
+    ``layer`` is the hidden-state index ``L`` (0: the embedding stream, ``n``: the last
+    block's output) of the residual ``hidden``; at ``L = n`` it must be the model's own
+    readout (pre-final-norm residual to logits).
+    """
+
+    def __call__(self, hidden: Tensor, layer: int) -> Tensor:
+        """Logits ``[..., V]`` of ``hidden`` ``[..., d]`` read at ``layer``."""
+        ...
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """The default readout: the model's own ``readout`` at every layer (``layer`` ignored).
+
+    Attributes:
+        readout (callable): Pre-final-norm residual ``[..., d]`` -> logits ``[..., V]``.
+    """
+
+    readout: Readout
+
+    def __call__(self, hidden: Tensor, layer: int) -> Tensor:
+        """``readout(hidden)``: logits ``[..., V]`` in the readout's dtype."""
+        return self.readout(hidden)
+
+
+def is_per_layer(lens: object) -> bool:
+    """Whether ``lens`` reads layers differently (anything but :class:`LogitLens`)."""
+    return not isinstance(lens, LogitLens)
+
+
+@dataclass(frozen=True)
+class _AtLayer:
+    """``lens`` bound to one layer: a plain readout ``hidden -> logits``."""
+
+    lens: LayerReadout
+    layer: int
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        return self.lens(hidden, self.layer)
+
+
+def at_layer(lens: LayerReadout, layer: int) -> Readout:
+    """``hidden -> lens(hidden, layer)``: the readout of one layer, for the estimators."""
+    if isinstance(lens, LogitLens):
+        return lens.readout
+    return _AtLayer(lens, int(layer))
