@@ -152,9 +152,10 @@ def recorded_layers(layer_indices: Sequence[int],
     """
     needed = set(layer_indices)
     row = baseline_row(baselines)
-    whole = {row.reads} if row is not None and row.prefix else set()
-    if row is not None and row.reads is not None:
-        needed.add(row.reads)
+    reads = row.reads if row is not None else None
+    whole = {reads} if reads is not None and row is not None and row.prefix else set()
+    if reads is not None:
+        needed.add(reads)
     return needed, whole
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from torch import Tensor, nn
 
@@ -44,7 +44,7 @@ class SublayerUnsupportedError(ValueError):
     """The family's half-block residual is not known: sub-layer credits are refused."""
 
 
-def _config(model: nn.Module) -> object:
+def _config(model: nn.Module) -> Any:
     config = getattr(unwrap_model(model), "config", None)
     return getattr(config, "text_config", None) or config
 
