@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
+from captum_iglens._core.sublayer_gates import HeadProbe, sublayer_gate_hooks, with_hidden
 from captum_iglens.lens.hooks import add_forward_hook, add_forward_pre_hook, hidden_of
 from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
@@ -86,7 +86,7 @@ def gated_values(
     model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
     token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
     attention_mask: Tensor, position_id: Optional[Tensor] = None, grad: bool = True,
-    site: Optional[HalfBlockSite] = None,
+    site: Optional[HalfBlockSite] = None, probe: Optional[HeadProbe] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
 
@@ -106,6 +106,9 @@ def gated_values(
         site (HalfBlockSite, optional): Gate each block's attention and MLP updates
             separately (:mod:`captum_iglens._core.sublayer_gates`; ``2k`` gates). Default:
             ``None``, whole blocks.
+        probe (HeadProbe, optional): Head gates of the attention updates (with ``site``):
+            ``probe.grads`` is then set to ``[R, k, H + 1]`` float64 ``dF/dg_h`` of every
+            head and the rest (:meth:`HeadProbe.head_gradients`).
 
     Returns:
         (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
@@ -121,7 +124,9 @@ def gated_values(
     gates = rows.gates.detach().requires_grad_(grad)
     live = GateRows(gates, rows.references, rows.ids, rows.log)
     hooks = (_gate_hooks(blocks, layers, live) if site is None
-             else sublayer_gate_hooks(blocks, layers, site, live))
+             else sublayer_gate_hooks(blocks, layers, site, live, probe))
+    if probe is not None:
+        probe.probes = probe.probes.detach().requires_grad_(grad)
     with torch.set_grad_enabled(grad), hooks:
         logits = model(token, **kwargs).logits[:, -1]
         wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -129,5 +134,9 @@ def gated_values(
         values = lens_values(log_probs, rows.ids, rows.log)
         if not grad:
             return values.detach(), None
-        (grads,) = torch.autograd.grad(values.sum(), gates)
+        if probe is None:
+            (grads,) = torch.autograd.grad(values.sum(), gates)
+            return values.detach(), grads
+        grads, at_mid = torch.autograd.grad(values.sum(), [gates, probe.probes])
+    probe.grads = probe.head_gradients(blocks, layers, at_mid, grads[:, 0::2])
     return values.detach(), grads

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from captum_iglens._core.heads import capture_head_inputs
 from captum_iglens._core.pipeline import readout_chunk
 from captum_iglens._core.request import PathRequest
 from captum_iglens.lens.hooks import capture_residual_stream, check_finite_residuals
@@ -49,11 +50,10 @@ def check_gated_spec(spec: LensSpec, kwargs: dict) -> str:
         raise ValueError(f"effect={spec.effect!r} gates decoder-block updates; hidden-state "
                          "index 0 (the embedding) is not one: choose blocks 1..n only.")
     site = spec.half_site
-    if spec.heads or (spec.granularity != "block" and (site is None or site.kind != "input")):
+    if spec.granularity != "block" and (site is None or site.kind != "input"):
         raise ValueError(f"effect={spec.effect!r} gates whole blocks, or the attention and MLP "
-                         "updates of sequential blocks (granularity='sublayer'); head gates "
-                         "and parallel blocks are not implemented yet: use "
-                         "granularity='block'.")
+                         "updates (and heads) of sequential blocks (granularity='sublayer'); "
+                         "parallel blocks are not implemented yet: use granularity='block'.")
     extra = sorted(set(kwargs) - _PASSED)
     if extra:
         raise ValueError(f"effect={spec.effect!r} passes only the attention mask and position "
@@ -82,6 +82,10 @@ class CleanTrace:
         takes_position_ids (bool): Whether the forward takes ``position_ids``.
         site (HalfBlockSite, optional): Sub-layer gates' half-block site (``None``: blocks).
         reference_updates (Tensor, optional): ``[B, P, k, d]`` updates of reference ids.
+        head_inputs (Tensor, optional): ``[B, S, k, H * d_head]`` each gated block's
+            ``o_proj`` input (``heads=True``).
+        reference_head_inputs (Tensor, optional): ``[B, P, k, H * d_head]`` those of the
+            reference ids at the explained positions.
     """
 
     layers: tuple[int, ...]
@@ -94,6 +98,8 @@ class CleanTrace:
     reference_updates: Optional[Tensor] = None
     takes_position_ids: bool = True
     site: Optional[HalfBlockSite] = None
+    head_inputs: Optional[Tensor] = None
+    reference_head_inputs: Optional[Tensor] = None
 
     def group_inputs(self, b: int, columns: list[int], n_points: int) -> dict:
         """Single-position forward inputs of row ``b``'s explained columns, ``n_points`` each.
@@ -160,8 +166,8 @@ def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int]
              cache_kw: str, cache: bool) -> tuple[dict[int, Tensor], Optional[list], Tensor]:
     """One forward of ``ids``: residuals, the KV cache (with ``cache``) and the logits.
 
-    The residuals are ``h_l`` ``[B, S, d]`` and, for sub-layer gates, ``L.attn`` under the
-    key ``("mid", L)``.
+    The residuals are ``h_l`` ``[B, S, d]``, for sub-layer gates ``L.attn`` under the key
+    ``("mid", L)``, and with ``spec.heads`` ``o_proj``'s input under ``("z", L)``.
     """
     kwargs = {**request.forward_kwargs, "use_cache": cache}
     finite: dict[int, Tensor] = {}
@@ -175,9 +181,14 @@ def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int]
         if spec.half_site is not None:
             stack.enter_context(capture_half_residuals(spec.decoder_blocks, layers,
                                                        spec.half_site, half))
+        heads: dict[int, Tensor] = {}
+        if spec.heads and spec.head_site is not None:
+            stack.enter_context(capture_head_inputs(spec.decoder_blocks, layers,
+                                                    spec.head_site, heads))
         output = spec.model(ids, **kwargs)
     check_finite_residuals(spec.model, spec.decoder_blocks, finite)
     states.update({("mid", L): h.detach() for L, h in half.items()})
+    states.update({("z", L): z.detach() for L, z in heads.items()})
     if not cache:
         return states, None, output.logits
     found = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")
@@ -231,11 +242,13 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
     if logits.shape[1] == request.seq_len:
         logits = logits[:, pos]
     wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    ref = None
+    ref = ref_z = None
     if request.reference_ids is not None:
         ref_states, _, _ = _forward(spec, request.reference_ids, request, needed, cache_kw,
                                     False)
         ref = _updates(ref_states, layers, sub)[:, pos]
+        if spec.heads:
+            ref_z = torch.stack([ref_states[("z", L)] for L in layers], dim=2)[:, pos]
     assert kv is not None
     return CleanTrace(
         layers=layers, updates=_updates(states, layers, sub),
@@ -243,7 +256,9 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
         log_probs=torch.log_softmax(logits.detach().to(wide), dim=-1), request=request,
         cache_kw=cache_kw, reference_updates=ref,
         takes_position_ids="position_ids" in forward_parameters(spec.model),
-        site=spec.half_site if sub else None)
+        site=spec.half_site if sub else None,
+        head_inputs=torch.stack([states[("z", L)] for L in layers], dim=2) if spec.heads
+        else None, reference_head_inputs=ref_z)
 
 
 def lens_levels(spec: LensSpec, clean: CleanTrace, ids: Tensor,

@@ -26,10 +26,11 @@ from torch import Tensor
 
 from captum_iglens._core.gates import GateRows, gated_values
 from captum_iglens._core.request import PathRequest
+from captum_iglens._core.sublayer_gates import HeadProbe
 from captum_iglens._core.targets import normalise_contrast, normalise_target
 from captum_iglens._core.total_clean import CleanTrace, clean_trace, lens_levels
 from captum_iglens._core.total_refs import reference_updates
-from captum_iglens._core.total_split import exact_split, gradient_credits, path_points
+from captum_iglens._core.total_split import gradient_credits, path_points, split_steps
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_state_preserved
@@ -44,18 +45,35 @@ GATE_ROWS = 256
 
 
 def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tensor,
-           weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Credits ``[k]``, ``F(0)`` and ``F(1)`` of one position from its path points."""
+           weights: Tensor, heads: Optional[Tensor] = None
+           ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """Credits ``[k]``, ``F(0)``, ``F(1)`` and head credits ``[A, H + 1]`` of one position.
+
+    ``heads`` ``[N, A, H + 1]`` are the head gates' gradients at the path points (the rest
+    last); the exact split shares each step's attention credit among them by the same rule
+    as the step's change among the nodes, so they add up to the attention credits.
+    """
     if effect == "atp":
-        return grads[0].to(values.dtype), values[1], values[0]
+        return (grads[0].to(values.dtype), values[1], values[0],
+                None if heads is None else heads[0])
     if method == "prediction_aware":
-        return exact_split(values, grads, alphas.to(values.device)), values[0], values[-1]
-    return gradient_credits(grads, weights).to(values.dtype), values[-2], values[-1]
+        wide = values.double()
+        steps = split_steps(wide[1:] - wide[:-1], grads, alphas.to(values.device))  # [T, k']
+        split = None if heads is None else split_steps(
+            steps[:, 0::2], heads, alphas.to(values.device)).sum(0)
+        return steps.sum(0).to(values.dtype), values[0], values[-1], split
+    split = None if heads is None else gradient_credits(
+        heads.flatten(1), weights).view(heads.shape[1:])
+    return gradient_credits(grads, weights).to(values.dtype), values[-2], values[-1], split
 
 
 def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int],
-                   refs: Tensor, ids: Tensor, alphas: Tensor) -> tuple[Tensor, Tensor]:
-    """``F`` ``[C, N]`` and ``dF/dg`` ``[C, N, k]`` of row ``b``'s ``C`` columns, one forward."""
+                   refs: Tensor, ids: Tensor, alphas: Tensor, head_refs: Optional[Tensor]
+                   ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``F`` ``[C, N]``, ``dF/dg`` ``[C, N, k]`` and the head gates' ``[C, N, A, H + 1]``.
+
+    Row ``b``'s ``C`` columns, one forward.
+    """
     n_points, k = alphas.shape[0], refs.shape[2]
     gate_dtype = spec.dtype if spec.dtype.is_floating_point else torch.float32
     gates = alphas.to(device=refs.device, dtype=gate_dtype)[:, None].expand(n_points, k)
@@ -63,35 +81,58 @@ def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int]
                     refs[b, columns].repeat_interleave(n_points, 0),
                     ids[b, columns].repeat_interleave(n_points, 0),
                     spec.units == "log-probability")
+    probe = None
+    if head_refs is not None and spec.head_site is not None:
+        z_ref = head_refs[b, columns].repeat_interleave(n_points, 0)
+        probe = HeadProbe(spec.head_site, z_ref,
+                          refs.new_zeros(z_ref.shape[0], z_ref.shape[1], refs.shape[-1]))
     inputs = clean.group_inputs(b, columns, n_points)
     values, grads = gated_values(
         spec.model, spec.decoder_blocks, clean.layers, rows, token=inputs["token"],
         kv=inputs["kv"], cache_kw=clean.cache_kw, attention_mask=inputs["attention_mask"],
-        position_id=inputs["position_id"], site=clean.site)
+        position_id=inputs["position_id"], site=clean.site, probe=probe)
     assert grads is not None
-    return values.view(len(columns), n_points), grads.view(len(columns), n_points, k)
+    head_grads = None
+    if probe is not None:
+        assert probe.grads is not None
+        head_grads = probe.grads.view(len(columns), n_points, *probe.grads.shape[1:])
+    return (values.view(len(columns), n_points), grads.view(len(columns), n_points, k),
+            head_grads)
 
 
 def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, method: str,
-             n_steps: int, effect: str, explained: Optional[Tensor], rows_per_forward: int
-             ) -> tuple[Tensor, Tensor, Tensor]:
-    """``[B, P, k]`` credits, ``[B, P]`` ``F(0)`` and ``F(1)`` (NaN where not explained)."""
+             n_steps: int, effect: str, explained: Optional[Tensor], rows_per_forward: int,
+             head_refs: Optional[Tensor] = None
+             ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """``[B, P, k]`` credits, ``[B, P]`` ``F(0)`` and ``F(1)`` (NaN where not explained).
+
+    With ``head_refs`` (``[B, P, A, H * d_head]`` reference ``o_proj`` inputs) also the head
+    credits ``[B, P, A, H + 1]`` (the rest last).
+    """
     alphas, weights = path_points(method, n_steps, effect)
     batch, n_pos = ids.shape[:2]
     dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
     credits = torch.full((batch, n_pos, refs.shape[2]), float("nan"), dtype=dtype)
     start = torch.full((batch, n_pos), float("nan"), dtype=dtype)
     end = start.clone()
+    heads = None
+    if head_refs is not None and spec.head_site is not None:
+        heads = torch.full((batch, n_pos, head_refs.shape[2], spec.head_site.n_heads + 1),
+                           float("nan"), dtype=dtype)
     per_group = max(1, rows_per_forward // alphas.shape[0])
     for b in range(batch):
         todo = [j for j in range(n_pos) if explained is None or bool(explained[b, j])]
         for first in range(0, len(todo), per_group):
             columns = todo[first:first + per_group]
-            values, grads = _group_credits(spec, clean, b, columns, refs, ids, alphas)
+            values, grads, head_grads = _group_credits(spec, clean, b, columns, refs, ids,
+                                                       alphas, head_refs)
             for c, j in enumerate(columns):
-                got = _split(values[c], grads[c], method, effect, alphas, weights)
-                credits[b, j], start[b, j], end[b, j] = (t.cpu() for t in got)
-    return credits, start, end
+                got = _split(values[c], grads[c], method, effect, alphas, weights,
+                             None if head_grads is None else head_grads[c])
+                credits[b, j], start[b, j], end[b, j] = (t.cpu() for t in got[:3])
+                if heads is not None and got[3] is not None:
+                    heads[b, j] = got[3].cpu().to(dtype)
+    return credits, start, end, heads
 
 
 def _targets(clean: CleanTrace, request: PathRequest, target: TargetSpec,
@@ -140,14 +181,21 @@ def run_total(
         tgt, foil, ids = _targets(clean, request, target, contrast)
         refs, name = reference_updates(baselines, clean.updates, clean.reference_updates,
                                        request.positions, request.mask, request.position_ids)
+        head_refs = None
+        if clean.head_inputs is not None:
+            head_refs, _ = reference_updates(baselines, clean.head_inputs,
+                                             clean.reference_head_inputs, request.positions,
+                                             request.mask, request.position_ids)
         log, check = spec.units == "log-probability", spec.check_readout
-        credits, start, end = _credits(spec, clean, refs, ids, method, n_steps, spec.effect,
-                                       request.explained, internal_batch_size or GATE_ROWS)
+        credits, start, end, heads = _credits(
+            spec, clean, refs, ids, method, n_steps, spec.effect, request.explained,
+            internal_batch_size or GATE_ROWS, head_refs)
         if not clean.check_end(end, ids, log, request.explained, check, strict=False):
             # families whose attention reads absolute cache columns (local windows, some
             # ALiBi layouts) cannot share a forward across positions: one position each
-            credits, start, end = _credits(spec, clean, refs, ids, method, n_steps,
-                                           spec.effect, request.explained, 1)
+            credits, start, end, heads = _credits(spec, clean, refs, ids, method, n_steps,
+                                                  spec.effect, request.explained, 1,
+                                                  head_refs)
     levels, argmax, top = lens_levels(spec, clean, ids, internal_batch_size, top_k)
     clean.check_end(end, ids, log, request.explained, check)
     out = IGLensOutput(
@@ -160,4 +208,6 @@ def run_total(
         n_steps=1 if spec.effect == "atp" else int(n_steps))
     if top is not None:
         out.top_k_probs, out.top_k_ids = top
+    if heads is not None:
+        out.head_credits, out.head_rest = heads[..., :-1], heads[..., -1]
     return out, request.single

@@ -137,8 +137,6 @@ def _check_effect(args: argparse.Namespace) -> None:
     if args.baseline not in ("mean", "zero"):
         raise UsageError(f"--effect {effect} gates block updates: --baseline must be mean or "
                          f"zero (the update's reference), not {args.baseline}")
-    if getattr(args, "heads", False):
-        raise UsageError(f"--effect {effect} has no head gates yet: drop --heads")
 
 
 def _check_method_steps(args: argparse.Namespace) -> None:

@@ -76,11 +76,26 @@ def test_cli_explain_effect_writes_it_to_json(effect, tiny_load, tmp_path, capsy
 
 @pytest.mark.parametrize("extra, message", [
     (["--baseline", "embedding"], "--baseline must be mean or zero"),
-    (["--granularity", "sublayer", "--heads", "--json", "x.json"], "no head gates yet"),
 ])
 def test_cli_effect_refusals(extra, message, tiny_load, capsys) -> None:
     assert main(["explain", "--effect", "total", *extra, PROMPT]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_effect_head_gates_write_head_credits(tiny_load, tmp_path) -> None:
+    path = tmp_path / "heads.json"
+    argv = ["explain", "--effect", "total", "--granularity", "sublayer", "--heads",
+            "--n-steps", "4", "--max-new-tokens", "2", "--no-chat-template", "--json",
+            str(path), PROMPT]
+    assert main(argv) == 0
+    data = json.loads(path.read_text())
+    token = (data[0] if isinstance(data, list) else data)["tokens"][0]
+    heads = torch.tensor(token["head_credits"]).double()
+    attention = torch.tensor(token["attributions"][0::2]).double()
+    # the heads and the rest add up to each attention credit (float32 rounding of each)
+    whole = heads.sum(-1) + torch.tensor(token["head_rest"]).double()
+    bound = 4 * torch.finfo(torch.float32).eps * (heads.abs().sum(-1) + attention.abs())
+    assert bool(((whole - attention).abs() <= bound + 1e-12).all())
 
 
 def test_cli_run_effect_is_fingerprinted(tiny_load, tmp_path, capsys) -> None:
