@@ -29,7 +29,7 @@ from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
 from captum_iglens.lens.sublayer import HalfBlockSite
 
-__all__ = ["GateRows", "gated_values", "with_hidden"]
+__all__ = ["GateRows", "gated_values", "sequence_gated_values", "with_hidden"]
 
 
 @dataclass
@@ -139,4 +139,80 @@ def gated_values(
             return values.detach(), grads
         grads, at_mid = torch.autograd.grad(values.sum(), [gates, probe.probes])
     probe.grads = probe.head_gradients(blocks, layers, at_mid, grads[:, 0::2])
+    return values.detach(), grads
+
+
+@contextmanager
+def _sequence_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], gates: Tensor,
+                         references: Tensor, defined: Tensor) -> Iterator[None]:
+    """Hooks gating block ``layers[j]``'s update at *every* position by ``gates[:, j]``.
+
+    ``references`` ``[k, S, d]``, ``defined`` ``[S]`` bool (False: the update stays clean).
+    """
+    inputs: dict[int, Tensor] = {}
+    handles = []
+
+    def pre(layer: int):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[layer] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def post(j: int, layer: int):
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = hidden_of(output)
+            before = inputs[layer]
+            ref = references[j].to(hidden)[None]
+            gate = gates[:, j, None, None].to(hidden)
+            gated = before + ref + gate * (hidden - before - ref)
+            return with_hidden(output, torch.where(defined.to(hidden.device)[None, :, None],
+                                                   gated, hidden))
+        return hook
+
+    try:
+        for j, layer in enumerate(layers):
+            block = blocks[layer - 1]
+            handles.append(add_forward_pre_hook(block, pre(layer), with_kwargs=True))
+            handles.append(add_forward_hook(block, post(j, layer)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def sequence_gated_values(
+    model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
+    input_ids: Tensor, references: Tensor, defined: Tensor, forward_kwargs: dict,
+) -> tuple[Tensor, Tensor]:
+    """``F`` and ``dF/dg`` with every position's update gated (``scope="sequence"``).
+
+    One full forward of the prefix ``x[:i+1]`` per row of gates (all rows in one batch)
+    and one backward pass; ``F`` is read at the prefix's last position ``i``.
+
+    Args:
+        model (nn.Module): The causal LM (in eval mode).
+        blocks (nn.ModuleList): Its decoder blocks.
+        layers (sequence of int): The ``k`` gated hidden-state indices.
+        rows (GateRows): ``R`` rows of gates ``[R, k]`` and their target ids (its
+            ``references`` are unused here).
+        input_ids (Tensor): ``[1, i + 1]`` the prefix.
+        references (Tensor): ``[k, i + 1, d]`` each block's reference update at every
+            position of the prefix.
+        defined (Tensor): ``[i + 1]`` bool: positions whose updates are gated (the others,
+            padding or positions without a reference, stay clean).
+        forward_kwargs (dict): The forward's arguments for the prefix (``[1, i + 1]``
+            attention mask, position ids; ``use_cache=False``), expanded to the rows here.
+
+    Returns:
+        (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
+        ``[R, k]`` ``dF/dg``.
+    """
+    n_rows = rows.gates.shape[0]
+    kwargs = {k: v.expand(n_rows, *v.shape[1:]) if isinstance(v, Tensor) else v
+              for k, v in forward_kwargs.items()}
+    gates = rows.gates.detach().requires_grad_(True)
+    with torch.enable_grad(), _sequence_gate_hooks(blocks, layers, gates, references, defined):
+        logits = model(input_ids.expand(n_rows, -1), **kwargs).logits[:, -1]
+        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        values = lens_values(torch.log_softmax(logits.to(wide), dim=-1), rows.ids, rows.log)
+        (grads,) = torch.autograd.grad(values.sum(), gates)
     return values.detach(), grads

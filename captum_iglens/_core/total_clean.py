@@ -86,6 +86,8 @@ class CleanTrace:
             ``o_proj`` input (``heads=True``).
         reference_head_inputs (Tensor, optional): ``[B, P, k, H * d_head]`` those of the
             reference ids at the explained positions.
+        reference_sequence_updates (Tensor, optional): ``[B, S, k, d]`` the reference ids'
+            updates at every position (``scope="sequence"``).
     """
 
     layers: tuple[int, ...]
@@ -100,6 +102,7 @@ class CleanTrace:
     site: Optional[HalfBlockSite] = None
     head_inputs: Optional[Tensor] = None
     reference_head_inputs: Optional[Tensor] = None
+    reference_sequence_updates: Optional[Tensor] = None
 
     def group_inputs(self, b: int, columns: list[int], n_points: int) -> dict:
         """Single-position forward inputs of row ``b``'s explained columns, ``n_points`` each.
@@ -242,11 +245,12 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
     if logits.shape[1] == request.seq_len:
         logits = logits[:, pos]
     wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    ref = ref_z = None
+    ref = ref_z = ref_all = None
     if request.reference_ids is not None:
         ref_states, _, _ = _forward(spec, request.reference_ids, request, needed, cache_kw,
                                     False)
-        ref = _updates(ref_states, layers, sub)[:, pos]
+        ref_all = _updates(ref_states, layers, sub)
+        ref = ref_all[:, pos]
         if spec.heads:
             ref_z = torch.stack([ref_states[("z", L)] for L in layers], dim=2)[:, pos]
     assert kv is not None
@@ -258,7 +262,7 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
         takes_position_ids="position_ids" in forward_parameters(spec.model),
         site=spec.half_site if sub else None,
         head_inputs=torch.stack([states[("z", L)] for L in layers], dim=2) if spec.heads
-        else None, reference_head_inputs=ref_z)
+        else None, reference_head_inputs=ref_z, reference_sequence_updates=ref_all)
 
 
 def lens_levels(spec: LensSpec, clean: CleanTrace, ids: Tensor,

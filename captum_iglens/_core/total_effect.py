@@ -24,24 +24,28 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from captum_iglens._core.gates import GateRows, gated_values
+from captum_iglens._core.gates import GateRows, gated_values, sequence_gated_values
 from captum_iglens._core.request import PathRequest
 from captum_iglens._core.sublayer_gates import HeadProbe
 from captum_iglens._core.targets import normalise_contrast, normalise_target
 from captum_iglens._core.total_clean import CleanTrace, clean_trace, lens_levels
-from captum_iglens._core.total_refs import reference_updates
+from captum_iglens._core.total_refs import reference_updates, sequence_references
 from captum_iglens._core.total_split import gradient_credits, path_points, split_steps
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_state_preserved
 from captum_iglens.results import IGLensOutput
 
-__all__ = ["GATE_ROWS", "run_total"]
+__all__ = ["GATE_ROWS", "SCOPES", "run_total"]
 
 
 #: Gated rows per single-position forward when ``internal_batch_size`` is not given (a
 #: group of explained positions shares one forward and one read of the weights).
 GATE_ROWS = 256
+
+#: Where the gates act: ``"position"`` (the explained position's updates only; the default)
+#: or ``"sequence"`` (every position up to it, one shared gate per block).
+SCOPES: tuple[str, ...] = ("position", "sequence")
 
 
 def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tensor,
@@ -135,6 +139,52 @@ def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, metho
     return credits, start, end, heads
 
 
+def _sequence_credits(spec: LensSpec, clean: CleanTrace, baselines: object, ids: Tensor,
+                      method: str, n_steps: int, effect: str, explained: Optional[Tensor],
+                      rows_per_forward: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_credits` with every position's updates gated (``scope="sequence"``).
+
+    For each explained position ``i``, the path points run as full forwards of the prefix
+    ``x[:i+1]`` (up to ``rows_per_forward`` rows per forward), each block's update at every
+    prefix position gated by the block's one gate.
+    """
+    request = clean.request
+    refs, defined = sequence_references(baselines, clean.updates,
+                                        clean.reference_sequence_updates, request.mask,
+                                        request.position_ids)
+    alphas, weights = path_points(method, n_steps, effect)
+    batch, n_pos = ids.shape[:2]
+    k = refs.shape[2]
+    dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
+    gate_dtype = spec.dtype if spec.dtype.is_floating_point else torch.float32
+    credits = torch.full((batch, n_pos, k), float("nan"), dtype=dtype)
+    start = torch.full((batch, n_pos), float("nan"), dtype=dtype)
+    end = start.clone()
+    kept = {name: v for name, v in request.forward_kwargs.items() if name != "logits_to_keep"}
+    for b in range(batch):
+        for j, pos in enumerate(request.positions):
+            if explained is not None and not bool(explained[b, j]):
+                continue
+            prefix = {name: v[b:b + 1, :pos + 1] if isinstance(v, Tensor) and v.dim() == 2
+                      else v for name, v in kept.items()}
+            values, grads = [], []
+            for first in range(0, alphas.shape[0], rows_per_forward):
+                part = alphas[first:first + rows_per_forward]
+                gates = part.to(device=refs.device, dtype=gate_dtype)[:, None].expand(-1, k)
+                rows = GateRows(gates, refs.new_zeros(0), ids[b, j][None].expand(
+                    part.shape[0], -1), spec.units == "log-probability")
+                v, g = sequence_gated_values(
+                    spec.model, spec.decoder_blocks, clean.layers, rows,
+                    input_ids=request.input_ids[b:b + 1, :pos + 1],
+                    references=refs[b, :pos + 1].transpose(0, 1), defined=defined[b, :pos + 1],
+                    forward_kwargs=prefix)
+                values.append(v)
+                grads.append(g)
+            got = _split(torch.cat(values), torch.cat(grads), method, effect, alphas, weights)
+            credits[b, j], start[b, j], end[b, j] = (t.cpu() for t in got[:3])
+    return credits, start, end
+
+
 def _targets(clean: CleanTrace, request: PathRequest, target: TargetSpec,
              contrast: TargetSpec) -> tuple[Tensor, Optional[Tensor], Tensor]:
     """Target ids ``[B, P]``, foil ids (or ``None``) and the ids each row reads ``[B, P, 1|2]``."""
@@ -152,6 +202,7 @@ def run_total(
     additional_forward_args: Any, n_steps: int, method: str,
     internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
     contrast: TargetSpec = None, explained: Optional[Tensor] = None,
+    scope: str = "position",
 ) -> tuple[IGLensOutput, bool]:
     """Total-effect (or attribution-patching) credits of ``spec``'s chosen blocks.
 
@@ -160,6 +211,13 @@ def run_total(
     estimator (``"prediction_aware"``: the exact step split). ``internal_batch_size`` is
     the number of gated rows per single-position forward (default :data:`GATE_ROWS`) and
     the readout chunk of the clean logit-lens levels; ``top_k`` acts on those levels.
+    ``scope`` (one of :data:`SCOPES`): ``"position"`` gates the updates at the explained
+    position ``i`` only (single-position forwards over the clean KV cache);
+    ``"sequence"`` gates every block's update at every position up to ``i`` with the
+    block's one gate (full forwards of the prefix, ``n_steps + 1`` rows each: about
+    ``i + 1`` times the cost; block granularity only; the ``"mean"`` reference leaves
+    each document's first two positions ungated, :func:`~captum_iglens._core.total_refs.
+    sequence_references`).
 
     Returns:
         (output, single): ``output.attributions`` ``[B, P, k]`` (probability units unless
@@ -174,6 +232,12 @@ def run_total(
         RuntimeError: the gated forward at ``g = 1`` does not reproduce the model's own
             probability (a family whose KV cache cannot serve single-position forwards).
     """
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}.")
+    if scope == "sequence" and spec.granularity != "block":
+        raise ValueError("scope='sequence' gates whole blocks at every position; sub-layer "
+                         "and head gates are position-scope only: use granularity='block' "
+                         "or scope='position'.")
     request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
                                 explained)
     with model_state_preserved(spec.model):
@@ -187,6 +251,12 @@ def run_total(
                                              clean.reference_head_inputs, request.positions,
                                              request.mask, request.position_ids)
         log, check = spec.units == "log-probability", spec.check_readout
+        if scope == "sequence":
+            credits, start, end = _sequence_credits(
+                spec, clean, baselines, ids, method, n_steps, spec.effect, request.explained,
+                internal_batch_size or GATE_ROWS)
+            return _output(spec, clean, request, credits, start, end, None, ids, tgt, foil,
+                           name, internal_batch_size, top_k, method, n_steps), request.single
         credits, start, end, heads = _credits(
             spec, clean, refs, ids, method, n_steps, spec.effect, request.explained,
             internal_batch_size or GATE_ROWS, head_refs)
@@ -196,6 +266,16 @@ def run_total(
             credits, start, end, heads = _credits(spec, clean, refs, ids, method, n_steps,
                                                   spec.effect, request.explained, 1,
                                                   head_refs)
+    return _output(spec, clean, request, credits, start, end, heads, ids, tgt, foil, name,
+                   internal_batch_size, top_k, method, n_steps), request.single
+
+
+def _output(spec: LensSpec, clean: CleanTrace, request: PathRequest, credits: Tensor,
+            start: Tensor, end: Tensor, heads: Optional[Tensor], ids: Tensor, tgt: Tensor,
+            foil: Optional[Tensor], name: str, internal_batch_size: Optional[int],
+            top_k: int, method: str, n_steps: int) -> IGLensOutput:
+    """The :class:`IGLensOutput` of the credits, ``F(1)`` checked against the model's own."""
+    log, check = spec.units == "log-probability", spec.check_readout
     levels, argmax, top = lens_levels(spec, clean, ids, internal_batch_size, top_k)
     clean.check_end(end, ids, log, request.explained, check)
     out = IGLensOutput(
@@ -210,4 +290,4 @@ def run_total(
         out.top_k_probs, out.top_k_ids = top
     if heads is not None:
         out.head_credits, out.head_rest = heads[..., :-1], heads[..., -1]
-    return out, request.single
+    return out
