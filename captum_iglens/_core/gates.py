@@ -16,7 +16,7 @@ independent). ``F`` is the model's own readout of its last block at ``i``: ``p(y
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
@@ -47,6 +47,61 @@ class GateRows:
     references: Tensor
     ids: Tensor
     log: bool = False
+
+
+class _DropGrad(torch.autograd.Function):
+    """``hidden`` unchanged; backward: rows with ``keep = 0`` send the gradient to ``before``.
+
+    GradDrop (AtP*, Kramar et al. 2024, Section 3.1.2): a block's output ``h_l = h_{l-1} +
+    u_l`` passes the gradient through the residual skip only (to ``before = h_{l-1}``), not
+    through the block's computation ``u_l``; rows with ``keep = 1`` are untouched.
+    """
+
+    @staticmethod
+    def forward(ctx, before: Tensor, hidden: Tensor, keep: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(keep)
+        return hidden.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple:  # type: ignore[override]
+        (keep,) = ctx.saved_tensors
+        keep = keep.to(grad)[:, None]
+        return grad * (1 - keep), grad * keep, None
+
+
+@contextmanager
+def _grad_drop_hooks(blocks: nn.ModuleList, drop: Tensor) -> Iterator[None]:
+    """Row ``r`` drops the gradient through block ``l``'s computation where ``drop[r, l]``.
+
+    Registered before the gate hooks, so the gates see the block's output with its backward
+    path cut (the value is unchanged).
+    """
+    inputs: dict[int, Tensor] = {}
+    handles = []
+
+    def pre(index: int):
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[index] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def post(index: int):
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = hidden_of(output)
+            before = inputs.pop(index)[:, -1].to(hidden)
+            keep = drop[:, index].logical_not().to(hidden.dtype)
+            last = _DropGrad.apply(before, hidden[:, -1], keep)
+            return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
+        return hook
+
+    try:
+        for index, block in enumerate(blocks):
+            if bool(drop[:, index].any()):
+                handles.append(add_forward_pre_hook(block, pre(index), with_kwargs=True))
+                handles.append(add_forward_hook(block, post(index)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextmanager
@@ -87,6 +142,7 @@ def gated_values(
     token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
     attention_mask: Tensor, position_id: Optional[Tensor] = None, grad: bool = True,
     site: Optional[HalfBlockSite] = None, probe: Optional[HeadProbe] = None,
+    drop: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
 
@@ -109,6 +165,9 @@ def gated_values(
         probe (HeadProbe, optional): Head gates of the attention updates (with ``site``):
             ``probe.grads`` is then set to ``[R, k, H + 1]`` float64 ``dF/dg_h`` of every
             head and the rest (:meth:`HeadProbe.head_gradients`).
+        drop (Tensor, optional): ``[R, n]`` bool: row ``r`` drops the gradient through
+            decoder block ``l``'s computation at ``i`` where ``drop[r, l]`` (GradDrop of
+            AtP*; values unchanged). Default: ``None``, none.
 
     Returns:
         (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
@@ -127,7 +186,9 @@ def gated_values(
              else sublayer_gate_hooks(blocks, layers, site, live, probe))
     if probe is not None:
         probe.probes = probe.probes.detach().requires_grad_(grad)
-    with torch.set_grad_enabled(grad), hooks:
+    dropping = (_grad_drop_hooks(blocks, drop) if drop is not None and bool(drop.any())
+                else nullcontext())
+    with torch.set_grad_enabled(grad), dropping, hooks:
         logits = model(token, **kwargs).logits[:, -1]
         wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
         log_probs = torch.log_softmax(logits.to(wide), dim=-1)

@@ -36,7 +36,7 @@ from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_state_preserved
 from captum_iglens.results import IGLensOutput
 
-__all__ = ["GATE_ROWS", "SCOPES", "run_total"]
+__all__ = ["GATE_ROWS", "SCOPES", "grad_drop_estimate", "run_total"]
 
 
 #: Gated rows per single-position forward when ``internal_batch_size`` is not given (a
@@ -72,8 +72,8 @@ def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tens
 
 
 def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int],
-                   refs: Tensor, ids: Tensor, alphas: Tensor, head_refs: Optional[Tensor]
-                   ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+                   refs: Tensor, ids: Tensor, alphas: Tensor, head_refs: Optional[Tensor],
+                   drop: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """``F`` ``[C, N]``, ``dF/dg`` ``[C, N, k]`` and the head gates' ``[C, N, A, H + 1]``.
 
     Row ``b``'s ``C`` columns, one forward.
@@ -94,7 +94,8 @@ def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int]
     values, grads = gated_values(
         spec.model, spec.decoder_blocks, clean.layers, rows, token=inputs["token"],
         kv=inputs["kv"], cache_kw=clean.cache_kw, attention_mask=inputs["attention_mask"],
-        position_id=inputs["position_id"], site=clean.site, probe=probe)
+        position_id=inputs["position_id"], site=clean.site, probe=probe,
+        drop=None if drop is None else drop.repeat(len(columns), 1))
     assert grads is not None
     head_grads = None
     if probe is not None:
@@ -104,16 +105,58 @@ def _group_credits(spec: LensSpec, clean: CleanTrace, b: int, columns: list[int]
             head_grads)
 
 
+def _grad_drop_points(n_blocks: int) -> tuple[Tensor, Tensor, Tensor]:
+    """AtP*'s rows: ``g = 1``, ``g = 0``, then ``g = 1`` with block ``l``'s gradient dropped.
+
+    Returns:
+        (alphas, weights, drop): ``[n + 2]`` float64 twice and ``[n + 2, n]`` bool.
+    """
+    alphas = torch.ones(n_blocks + 2, dtype=torch.float64)
+    alphas[1] = 0.0
+    drop = torch.zeros(n_blocks + 2, n_blocks, dtype=torch.bool)
+    drop[2:] = torch.eye(n_blocks, dtype=torch.bool)
+    return alphas, torch.zeros_like(alphas), drop
+
+
+def grad_drop_estimate(grads: Tensor, node_blocks: Tensor) -> Tensor:
+    """AtP* GradDrop, ``1/(n-1) sum_{l != block(node)} |AtP_{-l}(node)|`` (Kramar et al. 2024).
+
+    Eq. 11 of arXiv:2403.00745: ``AtP_{-l}`` is attribution patching with the gradient through
+    block ``l``'s computation dropped (it flows through the residual skip only).
+
+    Args:
+        grads (Tensor): ``[n, ..., k]`` the nodes' ``dF/dg`` at ``g = 1`` with block ``l``'s
+            gradient dropped in row ``l`` (``n`` decoder blocks).
+        node_blocks (Tensor): ``[k]`` int64 each node's own block (0-based); its own block's
+            row is left out (the paper's convention: dropping the node's own layer zeroes
+            its estimate, hence ``n - 1``).
+
+    Returns:
+        Tensor: ``[..., k]`` float64, nonnegative (an estimate of ``|drop|``, not signed).
+    """
+    n = grads.shape[0]
+    own = torch.arange(n)[:, None] == node_blocks.cpu()[None, :]          # [n, k]
+    own = own.view(n, *([1] * (grads.dim() - 2)), -1).to(grads.device)
+    return (grads.double().abs() * own.logical_not()).sum(0) / (n - 1)
+
+
 def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, method: str,
              n_steps: int, effect: str, explained: Optional[Tensor], rows_per_forward: int,
-             head_refs: Optional[Tensor] = None
+             head_refs: Optional[Tensor] = None, grad_drop: bool = False
              ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
     """``[B, P, k]`` credits, ``[B, P]`` ``F(0)`` and ``F(1)`` (NaN where not explained).
 
     With ``head_refs`` (``[B, P, A, H * d_head]`` reference ``o_proj`` inputs) also the head
-    credits ``[B, P, A, H + 1]`` (the rest last).
+    credits ``[B, P, A, H + 1]`` (the rest last). ``grad_drop`` (``effect="atp"`` only):
+    AtP*'s GradDrop estimates (:func:`grad_drop_estimate`).
     """
     alphas, weights = path_points(method, n_steps, effect)
+    drop = None
+    n_blocks = len(spec.decoder_blocks)
+    if grad_drop:
+        alphas, weights, drop = _grad_drop_points(n_blocks)
+        layers = torch.tensor(clean.layers) - 1
+        node_blocks = layers if refs.shape[2] == len(layers) else layers.repeat_interleave(2)
     batch, n_pos = ids.shape[:2]
     dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
     credits = torch.full((batch, n_pos, refs.shape[2]), float("nan"), dtype=dtype)
@@ -129,10 +172,14 @@ def _credits(spec: LensSpec, clean: CleanTrace, refs: Tensor, ids: Tensor, metho
         for first in range(0, len(todo), per_group):
             columns = todo[first:first + per_group]
             values, grads, head_grads = _group_credits(spec, clean, b, columns, refs, ids,
-                                                       alphas, head_refs)
+                                                       alphas, head_refs, drop)
             for c, j in enumerate(columns):
                 got = _split(values[c], grads[c], method, effect, alphas, weights,
                              None if head_grads is None else head_grads[c])
+                if grad_drop:
+                    got = (grad_drop_estimate(grads[c, 2:], node_blocks).to(values.dtype),
+                           got[1], got[2], None if head_grads is None else
+                           grad_drop_estimate(head_grads[c, 2:].transpose(1, 2), layers).T)
                 credits[b, j], start[b, j], end[b, j] = (t.cpu() for t in got[:3])
                 if heads is not None and got[3] is not None:
                     heads[b, j] = got[3].cpu().to(dtype)
@@ -202,7 +249,7 @@ def run_total(
     additional_forward_args: Any, n_steps: int, method: str,
     internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
     contrast: TargetSpec = None, explained: Optional[Tensor] = None,
-    scope: str = "position",
+    scope: str = "position", grad_drop: bool = False,
 ) -> tuple[IGLensOutput, bool]:
     """Total-effect (or attribution-patching) credits of ``spec``'s chosen blocks.
 
@@ -217,7 +264,10 @@ def run_total(
     block's one gate (full forwards of the prefix, ``n_steps + 1`` rows each: about
     ``i + 1`` times the cost; block granularity only; the ``"mean"`` reference leaves
     each document's first two positions ungated, :func:`~captum_iglens._core.total_refs.
-    sequence_references`).
+    sequence_references`). ``grad_drop`` (with ``effect="atp"``, position scope): AtP*'s
+    GradDrop (Kramar et al. 2024, Section 3.1.2, eq. 11), nonnegative estimates of each
+    node's ``|drop|`` from ``n`` more backward rows, ``method="atp*"``
+    (:func:`grad_drop_estimate`).
 
     Returns:
         (output, single): ``output.attributions`` ``[B, P, k]`` (probability units unless
@@ -234,6 +284,10 @@ def run_total(
     """
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}.")
+    if grad_drop and (spec.effect != "atp" or scope != "position"
+                      or len(spec.decoder_blocks) < 2):
+        raise ValueError("grad_drop (AtP*'s GradDrop) modifies attribution patching: use it "
+                         "with effect='atp', scope='position' and a model of >= 2 blocks.")
     if scope == "sequence" and spec.granularity != "block":
         raise ValueError("scope='sequence' gates whole blocks at every position; sub-layer "
                          "and head gates are position-scope only: use granularity='block' "
@@ -259,15 +313,18 @@ def run_total(
                            name, internal_batch_size, top_k, method, n_steps), request.single
         credits, start, end, heads = _credits(
             spec, clean, refs, ids, method, n_steps, spec.effect, request.explained,
-            internal_batch_size or GATE_ROWS, head_refs)
+            internal_batch_size or GATE_ROWS, head_refs, grad_drop)
         if not clean.check_end(end, ids, log, request.explained, check, strict=False):
             # families whose attention reads absolute cache columns (local windows, some
             # ALiBi layouts) cannot share a forward across positions: one position each
             credits, start, end, heads = _credits(spec, clean, refs, ids, method, n_steps,
                                                   spec.effect, request.explained, 1,
-                                                  head_refs)
-    return _output(spec, clean, request, credits, start, end, heads, ids, tgt, foil, name,
-                   internal_batch_size, top_k, method, n_steps), request.single
+                                                  head_refs, grad_drop)
+    out = _output(spec, clean, request, credits, start, end, heads, ids, tgt, foil, name,
+                  internal_batch_size, top_k, method, n_steps)
+    if grad_drop:
+        out.method = "atp*"
+    return out, request.single
 
 
 def _output(spec: LensSpec, clean: CleanTrace, request: PathRequest, credits: Tensor,
