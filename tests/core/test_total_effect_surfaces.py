@@ -159,3 +159,34 @@ def test_summarize_labels_atp_and_keeps_effects_apart(tiny_load, tmp_path, capsy
     mixed.write_text(outs["atp"].read_text() + outs["readout"].read_text())
     assert main(["summarize", "--allow-mixed-runs", str(mixed)]) != 0
     assert "not comparable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("effect, name", [("readout", "readout credit"),
+                                          ("total", "total effect"),
+                                          ("atp", "AtP estimate (not additive)")])
+def test_summary_table_plot_and_html_name_the_effect(effect, name, tiny_load,
+                                                     tmp_path) -> None:
+    from captum_iglens.summary.html import render_html
+    from captum_iglens.summary.plot import plot_summary
+    from captum_iglens.summary.pool import load_results, summarize
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n"
+                      + json.dumps({"id": "b", "prompt": "w8 w6 w4"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run", "--input", str(source), "--output", str(out), "--max-new-tokens", "2",
+                 "--no-chat-template", "--no-progress", "--n-steps", "4",
+                 "--effect", effect]) == 0
+    loaded = load_results(str(out))
+    records = loaded[0] if isinstance(loaded, tuple) else loaded
+    summary = summarize(records, n_boot=20)
+    text = summary.format()
+    assert f"Per-layer mean {name} over" in text
+    others = {"readout credit", "total effect", "AtP estimate"} - {name.split(" (")[0]}
+    assert not any(f"Per-layer mean {o}" in text for o in others)
+    fig = plot_summary(summary)
+    labels = [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
+    assert f"mean {name} per layer over" in labels[0] and labels[1].startswith(name)
+    assert name in fig._suptitle.get_text()
+    page = render_html(summary, records, max_records=0)
+    assert f"IG-Lens run summary ({name})" in page.replace("&#x27;", "'")
