@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -71,7 +71,9 @@ class HeadProbe:
         out = []
         heads = self.site.n_heads
         for j, layer in enumerate(layers):
-            weight = _projection(blocks[layer - 1], self.site).weight.detach().double()
+            proj = _projection(blocks[layer - 1], self.site)
+            assert isinstance(proj, nn.Linear)  # head_site checked every block
+            weight = proj.weight.detach().double()
             back = probe_grads[:, j].double() @ weight                      # [R, H * d_head]
             change = self.inputs[j].double() - self.references[:, j].double()
             per_head = (back * change).view(back.shape[0], heads, -1).sum(-1)  # [R, H]
@@ -115,7 +117,7 @@ def _head_input(probe: HeadProbe, j: int):
 
 @contextmanager
 def sublayer_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], site: HalfBlockSite,
-                        rows: object, probe: Optional[HeadProbe] = None) -> Iterator[None]:
+                        rows: Any, probe: Optional[HeadProbe] = None) -> Iterator[None]:
     """Hooks gating each chosen block's attention and MLP updates at the last position.
 
     Block ``layers[j]``'s attention update gets ``rows.gates[:, 2j]`` and reference

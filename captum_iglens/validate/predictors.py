@@ -129,7 +129,7 @@ def add_predictors(analysis: dict[str, Any], predictors: Mapping[str, Mapping[st
         ours = analysis["metrics"][view][PREDICTORS[0]]
         for name, scores in predictors[kind].items():
             sub = np.asarray(scores, dtype=np.float64)[:, blocks]
-            missing = np.isnan(sub).any(1)
+            missing = np.asarray(np.isnan(sub).any(axis=1))
             filled = np.where(missing[:, None], 0.0, sub)
             values = token_metrics(filled, half_point(filled.cumsum(1)),
                                    drops[kind][:, blocks], prompt)
