@@ -39,6 +39,7 @@ def test_tables_and_json_hold_the_effect_predictors(run) -> None:
         assert any(line.startswith("total effect ") for line in block.splitlines()), view
         assert any(line.startswith("AtP ") for line in block.splitlines()), view
     assert "AtP: first-order estimate" in table
+    assert max(len(line) for line in table.splitlines()) <= 100
     assert set(result.summary["all"]["mean"]) >= {"IG-Lens credit", "total effect", "AtP"}
     assert "total effect" in result.paired["all"]["zero"]
     data = json.loads(result.to_json())
