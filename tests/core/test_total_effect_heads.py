@@ -216,3 +216,24 @@ def test_a_wrong_head_site_is_caught() -> None:
     got = torch.cat([out.head_credits[0, 0], out.head_rest[0, 0, :, None]], -1).double()
     tol = 5 * _gate_tol(values) * 4
     assert float((got - wrong).abs().max()) > 100 * tol
+
+
+def test_head_gates_with_reference_ids_take_the_corrupted_prompts_o_proj_input() -> None:
+    model, ids = _model("llama"), _ids(15)
+    corrupt = ids.clone()
+    corrupt[0, 2:5] = 7
+    pos, n_steps = SEQ - 1, 4
+    out = IGLens(model, effect="total", granularity="sublayer",
+                 heads=True).attribute_details(ids, corrupt, n_steps=n_steps, positions=pos)
+    n_heads = out.head_credits.shape[-1]
+    rec = _clean(model, corrupt)
+    refs = [{"a": rec[("mid", L)][pos] - rec[("in", L)][pos], "z": rec[("z", L)][pos],
+             "m": rec[("out", L)][pos] - rec[("mid", L)][pos]}
+            for L in range(len(resolve_decoder_blocks(model)))]
+    nodes, heads, values, _ = _independent(model, ids, pos, int(out.target[0, 0]), refs,
+                                           n_heads, n_steps)
+    tol = (n_steps + 1) * _gate_tol(values) * 4
+    got = torch.cat([out.head_credits[0, 0], out.head_rest[0, 0, :, None]], -1).double()
+    assert out.baseline == "reference ids"
+    assert float((out.attributions[0, 0].double() - nodes).abs().max()) <= tol
+    assert float((got - heads).abs().max()) <= tol
