@@ -174,3 +174,28 @@ def test_scope_refusals() -> None:
     with pytest.raises(ValueError, match="granularity='block'"):
         run_total(sub, ids, "zero", None, None, 2, "prediction_aware", None, -1,
                   scope="sequence")
+
+
+def test_sequence_scope_with_reference_ids_gates_every_position_to_the_corrupted_updates(
+) -> None:
+    model, ids, n_steps = make_family("llama", seed=3).eval(), _ids(25), 4
+    corrupt = ids.clone()
+    corrupt[0, 1:4] = 9
+    spec = IGLens(model, effect="total").spec
+    out, _ = run_total(spec, ids, corrupt, None, None, n_steps, "prediction_aware", None,
+                       SEQ - 1, scope="sequence")
+    refs, pos = _updates(model, corrupt), SEQ - 1
+    defined = torch.ones(SEQ, dtype=torch.bool)
+    points = [_g(model, ids, pos, int(out.target[0, 0]),
+                 torch.full((refs.shape[0], pos + 1), t / n_steps), refs, defined)
+              for t in range(n_steps + 1)]
+    credits = torch.zeros(refs.shape[0], dtype=torch.float64)
+    for (f0, g0), (f1, g1) in zip(points[:-1], points[1:], strict=True):
+        term = (g0.sum(1) + g1.sum(1)) / 2 / n_steps
+        w = term.abs()
+        credits += term + ((f1 - f0) - float(term.sum())) * w / w.sum()
+    values = torch.tensor([f for f, _ in points])
+    assert out.baseline == "reference ids"
+    assert abs(float(out.p_baseline[0, 0]) - values[0].item()) <= _tol(values, 0)
+    assert float((out.attributions[0, 0].double() - credits).abs().max()) <= _tol(values,
+                                                                                  n_steps)
