@@ -16,21 +16,21 @@ independent). ``F`` is the model's own readout of its last block at ``i``: ``p(y
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.sublayer_gates import sublayer_gate_hooks, with_hidden
+from captum_iglens._core.sublayer_gates import HeadProbe, sublayer_gate_hooks, with_hidden
 from captum_iglens.lens.distribution import wide_log_softmax
 from captum_iglens.lens.hooks import held_hooks, hidden_of
 from captum_iglens.lens.kv_cache import make_cache
 from captum_iglens.lens.readout import lens_values
 from captum_iglens.lens.sublayer import HalfBlockSite
 
-__all__ = ["GateRows", "gated_values", "with_hidden"]
+__all__ = ["GateRows", "gated_values", "sequence_gated_values", "with_hidden"]
 
 
 @dataclass
@@ -48,6 +48,57 @@ class GateRows:
     references: Tensor
     ids: Tensor
     log: bool = False
+
+
+class _DropGrad(torch.autograd.Function):
+    """``hidden`` unchanged; backward: rows with ``keep = 0`` send the gradient to ``before``.
+
+    GradDrop (AtP*, Kramar et al. 2024, Section 3.1.2): a block's output ``h_l = h_{l-1} +
+    u_l`` passes the gradient through the residual skip only (to ``before = h_{l-1}``), not
+    through the block's computation ``u_l``; rows with ``keep = 1`` are untouched.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, before: Tensor, hidden: Tensor, keep: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(keep)
+        return hidden.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+        (keep,) = ctx.saved_tensors
+        keep = keep.to(grad)[:, None]
+        return grad * (1 - keep), grad * keep, None
+
+
+@contextmanager
+def _grad_drop_hooks(blocks: nn.ModuleList, drop: Tensor) -> Iterator[None]:
+    """Row ``r`` drops the gradient through block ``l``'s computation where ``drop[r, l]``.
+
+    Registered before the gate hooks, so the gates see the block's output with its backward
+    path cut (the value is unchanged).
+    """
+    inputs: dict[int, Tensor] = {}
+
+    def pre(index: int) -> Callable[..., None]:
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[index] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def post(index: int) -> Callable[..., object]:
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = hidden_of(output)
+            before = inputs.pop(index)[:, -1].to(hidden)
+            keep = drop[:, index].logical_not().to(hidden.dtype)
+            last = _DropGrad.apply(before, hidden[:, -1], keep)
+            return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
+        return hook
+
+    with held_hooks() as hooks:
+        for index, block in enumerate(blocks):
+            if bool(drop[:, index].any()):
+                hooks.pre(block, pre(index), with_kwargs=True)
+                hooks.forward(block, post(index))
+        yield
 
 
 @contextmanager
@@ -83,7 +134,8 @@ def gated_values(
     model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
     token: Tensor, kv: list[tuple[Tensor, Tensor]], cache_kw: str,
     attention_mask: Tensor, position_id: Optional[Tensor] = None, grad: bool = True,
-    site: Optional[HalfBlockSite] = None,
+    site: Optional[HalfBlockSite] = None, probe: Optional[HeadProbe] = None,
+    drop: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """``F`` at every row of gates, and its gradient ``dF/dg``: one forward (and backward).
 
@@ -103,6 +155,12 @@ def gated_values(
         site (HalfBlockSite, optional): Gate each block's attention and MLP updates
             separately (:mod:`captum_iglens._core.sublayer_gates`; ``2k`` gates). Default:
             ``None``, whole blocks.
+        probe (HeadProbe, optional): Head gates of the attention updates (with ``site``):
+            ``probe.grads`` is then set to ``[R, k, H + 1]`` float64 ``dF/dg_h`` of every
+            head and the rest (:meth:`HeadProbe.head_gradients`).
+        drop (Tensor, optional): ``[R, n]`` bool: row ``r`` drops the gradient through
+            decoder block ``l``'s computation at ``i`` where ``drop[r, l]`` (GradDrop of
+            AtP*; values unchanged). Default: ``None``, none.
 
     Returns:
         (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
@@ -118,12 +176,91 @@ def gated_values(
     gates = rows.gates.detach().requires_grad_(grad)
     live = GateRows(gates, rows.references, rows.ids, rows.log)
     hooks = (_gate_hooks(blocks, layers, live) if site is None
-             else sublayer_gate_hooks(blocks, layers, site, live))
-    with torch.set_grad_enabled(grad), hooks:
+             else sublayer_gate_hooks(blocks, layers, site, live, probe))
+    if probe is not None:
+        probe.probes = probe.probes.detach().requires_grad_(grad)
+    dropping = (_grad_drop_hooks(blocks, drop) if drop is not None and bool(drop.any())
+                else nullcontext())
+    with torch.set_grad_enabled(grad), dropping, hooks:
         logits = model(token, **kwargs).logits[:, -1]
         log_probs = wide_log_softmax(logits)
         values = lens_values(log_probs, rows.ids, rows.log)
         if not grad:
             return values.detach(), None
+        if probe is None:
+            (grads,) = torch.autograd.grad(values.sum(), gates)
+            return values.detach(), grads
+        grads, at_mid = torch.autograd.grad(values.sum(), [gates, probe.probes])
+    probe.grads = probe.head_gradients(blocks, layers, at_mid, grads[:, 0::2])
+    return values.detach(), grads
+
+
+@contextmanager
+def _sequence_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], gates: Tensor,
+                         references: Tensor, defined: Tensor) -> Iterator[None]:
+    """Hooks gating block ``layers[j]``'s update at *every* position by ``gates[:, j]``.
+
+    ``references`` ``[k, S, d]``, ``defined`` ``[S]`` bool (False: the update stays clean).
+    """
+    inputs: dict[int, Tensor] = {}
+
+    def pre(layer: int) -> Callable[..., None]:
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
+            inputs[layer] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def post(j: int, layer: int) -> Callable[..., object]:
+        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
+            hidden = hidden_of(output)
+            before = inputs[layer]
+            ref = references[j].to(hidden)[None]
+            gate = gates[:, j, None, None].to(hidden)
+            gated = before + ref + gate * (hidden - before - ref)
+            return with_hidden(output, torch.where(defined.to(hidden.device)[None, :, None],
+                                                   gated, hidden))
+        return hook
+
+    with held_hooks() as hooks:
+        for j, layer in enumerate(layers):
+            block = blocks[layer - 1]
+            hooks.pre(block, pre(layer), with_kwargs=True)
+            hooks.forward(block, post(j, layer))
+        yield
+
+
+def sequence_gated_values(
+    model: nn.Module, blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows, *,
+    input_ids: Tensor, references: Tensor, defined: Tensor, forward_kwargs: dict,
+) -> tuple[Tensor, Tensor]:
+    """``F`` and ``dF/dg`` with every position's update gated (``scope="sequence"``).
+
+    One full forward of the prefix ``x[:i+1]`` per row of gates (all rows in one batch)
+    and one backward pass; ``F`` is read at the prefix's last position ``i``.
+
+    Args:
+        model (nn.Module): The causal LM (in eval mode).
+        blocks (nn.ModuleList): Its decoder blocks.
+        layers (sequence of int): The ``k`` gated hidden-state indices.
+        rows (GateRows): ``R`` rows of gates ``[R, k]`` and their target ids (its
+            ``references`` are unused here).
+        input_ids (Tensor): ``[1, i + 1]`` the prefix.
+        references (Tensor): ``[k, i + 1, d]`` each block's reference update at every
+            position of the prefix.
+        defined (Tensor): ``[i + 1]`` bool: positions whose updates are gated (the others,
+            padding or positions without a reference, stay clean).
+        forward_kwargs (dict): The forward's arguments for the prefix (``[1, i + 1]``
+            attention mask, position ids; ``use_cache=False``), expanded to the rows here.
+
+    Returns:
+        (values, grads): ``[R]`` ``F`` (float32; float64 for a float64 model) and
+        ``[R, k]`` ``dF/dg``.
+    """
+    n_rows = rows.gates.shape[0]
+    kwargs = {k: v.expand(n_rows, *v.shape[1:]) if isinstance(v, Tensor) else v
+              for k, v in forward_kwargs.items()}
+    gates = rows.gates.detach().requires_grad_(True)
+    with torch.enable_grad(), _sequence_gate_hooks(blocks, layers, gates, references, defined):
+        logits = model(input_ids.expand(n_rows, -1), **kwargs).logits[:, -1]
+        values = lens_values(wide_log_softmax(logits), rows.ids, rows.log)
         (grads,) = torch.autograd.grad(values.sum(), gates)
     return values.detach(), grads

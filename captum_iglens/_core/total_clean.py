@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
+from captum_iglens._core.heads import capture_head_inputs
 from captum_iglens._core.pipeline import readout_chunk
 from captum_iglens._core.request import PathRequest
 from captum_iglens.lens.distribution import wide_log_softmax
@@ -50,11 +51,10 @@ def check_gated_spec(spec: LensSpec, kwargs: dict) -> str:
         raise ValueError(f"effect={spec.effect!r} gates decoder-block updates; hidden-state "
                          "index 0 (the embedding) is not one: choose blocks 1..n only.")
     site = spec.half_site
-    if spec.heads or (spec.granularity != "block" and (site is None or site.kind != "input")):
+    if spec.granularity != "block" and (site is None or site.kind != "input"):
         raise ValueError(f"effect={spec.effect!r} gates whole blocks, or the attention and MLP "
-                         "updates of sequential blocks (granularity='sublayer'); head gates "
-                         "and parallel blocks are not implemented yet: use "
-                         "granularity='block'.")
+                         "updates (and heads) of sequential blocks (granularity='sublayer'); "
+                         "parallel blocks are not implemented yet: use granularity='block'.")
     extra = sorted(set(kwargs) - _PASSED)
     if extra:
         raise ValueError(f"effect={spec.effect!r} passes only the attention mask and position "
@@ -83,6 +83,12 @@ class CleanTrace:
         takes_position_ids (bool): Whether the forward takes ``position_ids``.
         site (HalfBlockSite, optional): Sub-layer gates' half-block site (``None``: blocks).
         reference_updates (Tensor, optional): ``[B, P, k, d]`` updates of reference ids.
+        head_inputs (Tensor, optional): ``[B, S, k, H * d_head]`` each gated block's
+            ``o_proj`` input (``heads=True``).
+        reference_head_inputs (Tensor, optional): ``[B, P, k, H * d_head]`` those of the
+            reference ids at the explained positions.
+        reference_sequence_updates (Tensor, optional): ``[B, S, k, d]`` the reference ids'
+            updates at every position (``scope="sequence"``).
     """
 
     layers: tuple[int, ...]
@@ -95,6 +101,9 @@ class CleanTrace:
     reference_updates: Optional[Tensor] = None
     takes_position_ids: bool = True
     site: Optional[HalfBlockSite] = None
+    head_inputs: Optional[Tensor] = None
+    reference_head_inputs: Optional[Tensor] = None
+    reference_sequence_updates: Optional[Tensor] = None
 
     def group_inputs(self, b: int, columns: list[int], n_points: int) -> dict:
         """Single-position forward inputs of row ``b``'s explained columns, ``n_points`` each.
@@ -158,11 +167,11 @@ class CleanTrace:
 
 
 def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int],
-             cache_kw: str, cache: bool) -> tuple[dict[int, Tensor], Optional[list], Tensor]:
+             cache_kw: str, cache: bool) -> tuple[dict[Any, Tensor], Optional[list], Tensor]:
     """One forward of ``ids``: residuals, the KV cache (with ``cache``) and the logits.
 
-    The residuals are ``h_l`` ``[B, S, d]`` and, for sub-layer gates, ``L.attn`` under the
-    key ``("mid", L)``.
+    The residuals are ``h_l`` ``[B, S, d]``, for sub-layer gates ``L.attn`` under the key
+    ``("mid", L)``, and with ``spec.heads`` ``o_proj``'s input under ``("z", L)``.
     """
     kwargs = {**request.forward_kwargs, "use_cache": cache}
     finite: dict[int, Tensor] = {}
@@ -170,15 +179,20 @@ def _forward(spec: LensSpec, ids: Tensor, request: PathRequest, needed: set[int]
     layers = sorted(L for L in needed if L in spec.layer_indices)
     with ExitStack() as stack:
         stack.enter_context(torch.no_grad())
-        states = stack.enter_context(capture_residual_stream(
+        states: dict[Any, Tensor] = stack.enter_context(capture_residual_stream(
             spec.decoder_blocks, needed, finite=finite, mask=request.mask,
             shape=tuple(ids.shape[:2]), whole=needed))
         if spec.half_site is not None:
             stack.enter_context(capture_half_residuals(spec.decoder_blocks, layers,
                                                        spec.half_site, half))
+        heads: dict[int, Tensor] = {}
+        if spec.heads and spec.head_site is not None:
+            stack.enter_context(capture_head_inputs(spec.decoder_blocks, layers,
+                                                    spec.head_site, heads))
         output = spec.model(ids, **kwargs)
     check_finite_residuals(spec.model, spec.decoder_blocks, finite)
-    states.update({("mid", L): h.detach() for L, h in half.items()})  # type: ignore[misc]  # half residuals keyed ("mid", L)
+    states.update({("mid", L): h.detach() for L, h in half.items()})
+    states.update({("z", L): z.detach() for L, z in heads.items()})
     if not cache:
         return states, None, output.logits
     found = output.get(cache_kw) if cache_kw in output else output.get("past_key_values")
@@ -231,11 +245,14 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
     pos = request.positions
     if logits.shape[1] == request.seq_len:
         logits = logits[:, pos]
-    ref = None
+    ref = ref_z = ref_all = None
     if request.reference_ids is not None:
         ref_states, _, _ = _forward(spec, request.reference_ids, request, needed, cache_kw,
                                     False)
-        ref = _updates(ref_states, layers, sub)[:, pos]
+        ref_all = _updates(ref_states, layers, sub)
+        ref = ref_all[:, pos]
+        if spec.heads:
+            ref_z = torch.stack([ref_states[("z", L)] for L in layers], dim=2)[:, pos]
     assert kv is not None
     return CleanTrace(
         layers=layers, updates=_updates(states, layers, sub),
@@ -243,7 +260,9 @@ def clean_trace(spec: LensSpec, request: PathRequest) -> CleanTrace:
         log_probs=wide_log_softmax(logits.detach()), request=request,
         cache_kw=cache_kw, reference_updates=ref,
         takes_position_ids="position_ids" in forward_parameters(spec.model),
-        site=spec.half_site if sub else None)
+        site=spec.half_site if sub else None,
+        head_inputs=torch.stack([states[("z", L)] for L in layers], dim=2) if spec.heads
+        else None, reference_head_inputs=ref_z, reference_sequence_updates=ref_all)
 
 
 def lens_levels(spec: LensSpec, clean: CleanTrace, ids: Tensor,

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from captum_iglens._utils.captum_compat import approximation_parameters
 
-__all__ = ["exact_split", "gradient_credits", "path_points"]
+__all__ = ["exact_split", "gradient_credits", "path_points", "split_steps"]
 
 
 def path_points(method: str, n_steps: int, effect: str) -> tuple[Tensor, Tensor]:
@@ -51,6 +51,31 @@ def path_points(method: str, n_steps: int, effect: str) -> tuple[Tensor, Tensor]
     return alphas, weights
 
 
+def split_steps(change: Tensor, grads: Tensor, alphas: Tensor) -> Tensor:
+    """Split each grid step's ``change`` among ``m`` parts: trapezoid term plus leftover by ``|G|``.
+
+    Args:
+        change (Tensor): ``[T, ...]`` what step ``t`` must be split into (``F(a_{t+1}) -
+            F(a_t)``, or a node's step credit for its heads).
+        grads (Tensor): ``[T + 1, ..., m]`` the parts' gradients at the grid points.
+        alphas (Tensor): ``[T + 1]`` increasing, ``a_0 = 0`` and ``a_T = 1``.
+
+    Returns:
+        Tensor: ``[T, ..., m]`` float64 step credits; each step's add up to its ``change``
+        up to float64 rounding.
+    """
+    wide_g = grads.double()
+    step = (alphas[1:] - alphas[:-1]).to(wide_g)
+    step = step.view(-1, *([1] * (grads.dim() - 1)))
+    riemann = (wide_g[1:] + wide_g[:-1]) / 2 * step                  # [T, ..., m]
+    leftover = change.double() - riemann.sum(-1)                    # [T, ...]
+    weight = riemann.abs()
+    total = weight.sum(-1, keepdim=True)
+    share = torch.where(total > 0, weight / total.clamp(min=torch.finfo(total.dtype).tiny),
+                        torch.full_like(weight, 1.0 / grads.shape[-1]))
+    return riemann + leftover[..., None] * share
+
+
 def exact_split(values: Tensor, grads: Tensor, alphas: Tensor) -> Tensor:
     """Split each grid step's observed change of ``F`` among the ``k`` gated blocks.
 
@@ -63,18 +88,8 @@ def exact_split(values: Tensor, grads: Tensor, alphas: Tensor) -> Tensor:
         Tensor: ``[k]`` credits in ``values``'s dtype; they add up to ``F(a_T) - F(a_0)``
         up to the rounding of the sums (accumulated in float64).
     """
-    wide_v, wide_g = values.double(), grads.double()
-    change = wide_v[1:] - wide_v[:-1]                              # [T]
-    step = (alphas[1:] - alphas[:-1]).to(wide_g)                   # [T]
-    mean_grad = (wide_g[1:] + wide_g[:-1]) / 2                     # [T, k]
-    riemann = mean_grad * step[:, None]
-    leftover = change - riemann.sum(-1)                            # [T]
-    weight = mean_grad.abs()
-    total = weight.sum(-1, keepdim=True)
-    k = grads.shape[-1]
-    share = torch.where(total > 0, weight / total.clamp(min=torch.finfo(total.dtype).tiny),
-                        torch.full_like(weight, 1.0 / k))
-    return (riemann + leftover[:, None] * share).sum(0).to(values.dtype)
+    wide_v = values.double()
+    return split_steps(wide_v[1:] - wide_v[:-1], grads, alphas).sum(0).to(values.dtype)
 
 
 def gradient_credits(grads: Tensor, weights: Tensor) -> Tensor:

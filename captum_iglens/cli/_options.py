@@ -140,8 +140,6 @@ def _check_effect(args: argparse.Namespace) -> None:
         raise UsageError(f"--effect {effect} gates block updates: --baseline must be "
                          f"{' or '.join(gate_references())} (the update's reference), not "
                          f"{args.baseline}")
-    if getattr(args, "heads", False):
-        raise UsageError(f"--effect {effect} has no head gates yet: drop --heads")
 
 
 def _check_method_steps(args: argparse.Namespace) -> None:

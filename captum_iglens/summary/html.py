@@ -133,8 +133,9 @@ def _figures(summary: RunSummary) -> str:
     if not summary.layers:
         return '<p class="note">No record was explained: no figure.</p>'
     image = figure_png_base64(plot_summary(summary))
-    return (f'<img src="data:image/png;base64,{image}" alt="per-layer mean credit with its '
-            'confidence band, and the onset-layer histogram">')
+    return (f'<img src="data:image/png;base64,{image}" alt="per-layer mean '
+            f'{_esc(summary.credit_name)} with its confidence band, and the onset-layer '
+            'histogram">')
 
 
 def render_html(
@@ -163,7 +164,7 @@ def render_html(
     answers = "".join(_answer_item(p, r, summary, colours, p < shown)
                       for p, r in enumerate(records))
     sections = "".join(_heatmap_section(p, r) for p, r in enumerate(records[:shown]))
-    title = "IG-Lens run summary" + (f": {source}" if source else "")
+    title = f"IG-Lens run summary ({summary.credit_name})" + (f": {source}" if source else "")
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}'
         f"</title><style>{_STYLE}</style></head><body>"
@@ -172,7 +173,8 @@ def render_html(
         f"{_figures(summary)}<h2 id=\"answers\">Answers ({len(records)})</h2>"
         f"{_legend(summary, colours) if summary.layers else ''}{cap}<ol>{answers}</ol>"
         f'<h2 id="failures">Failed records ({len(summary.failures)})</h2>'
-        f"{_failure_items(summary)}<h2 id=\"records\">Records</h2>{cap}{sections}"
+        f"{_failure_items(summary)}<h2 id=\"records\">Records: {_esc(summary.credit_name)} "
+        f"per token and layer</h2>{cap}{sections}"
         '<p><a href="#top">back to the top</a></p></body></html>\n'
     )
 

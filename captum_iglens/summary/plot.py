@@ -23,7 +23,10 @@ __all__ = ["figure_png_base64", "plot_summary"]
 def plot_summary(summary: RunSummary, path: Optional[str] = None) -> Figure:
     """Per-layer mean credit with its CI band (left) and the onset-layer histogram (right).
 
-    Left: the ``[k]`` mean credits over all tokens against the layers, a shaded band from
+    The credit is named by the run's effect (:attr:`~captum_iglens.summary.pool.RunSummary.
+    credit_name`: readout credit, total effect, or AtP estimate (not additive)) in the
+    legend, the axis label and the title. Left: the ``[k]`` mean credits over all tokens
+    against the layers, a shaded band from
     ``ci_low`` to ``ci_high`` (absent with fewer than 2 records), and 0 marked. Right: the
     number of tokens whose onset is each layer.
 
@@ -55,8 +58,8 @@ def plot_summary(summary: RunSummary, path: Optional[str] = None) -> Figure:
     for ax in (ax_mean, ax_onset):
         ax.set_xticks(x, labels=summary.layer_names, rotation=90 if k > 12 else 0, fontsize=7)
         ax.set_xlabel("layer")
-    fig.suptitle(f"IG-Lens run: {summary.n_ok} records explained, {summary.n_failed} failed",
-                 x=0.01, ha="left", fontsize=9)
+    fig.suptitle(f"IG-Lens run ({summary.credit_name}): {summary.n_ok} records explained, "
+                 f"{summary.n_failed} failed", x=0.01, ha="left", fontsize=9)
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
@@ -71,9 +74,10 @@ def _mean_panel(ax: Any, summary: RunSummary, x: np.ndarray) -> None:
     if np.isfinite(low).all() and np.isfinite(high).all():
         ax.fill_between(x, low, high, color="#dd8452", alpha=0.3, linewidth=0,
                         label=f"{100 * summary.confidence:g}% CI (records resampled)")
-    ax.plot(x, mean, marker="o", color="#c44e52", linewidth=1.4, label="mean credit")
+    name = summary.credit_name
+    ax.plot(x, mean, marker="o", color="#c44e52", linewidth=1.4, label=f"mean {name}")
     ax.set_ylabel(summary.credit_words)
-    ax.set_title(f"mean credit per layer over {summary.n_tokens} tokens", fontsize=9)
+    ax.set_title(f"mean {name} per layer over {summary.n_tokens} tokens", fontsize=9)
     ax.legend(fontsize=7, loc="best")
 
 

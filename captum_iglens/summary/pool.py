@@ -28,6 +28,11 @@ from captum_iglens.summary.report import WIDTH, record_label, record_name, repor
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
 
+#: The per-layer value of each effect, in the summary's titles and columns.
+EFFECT_CREDIT_NAMES: dict[str, str] = {DEFAULT_EFFECT: "readout credit",
+                                       "total": "total effect",
+                                       "atp": "AtP estimate (not additive)"}
+
 #: How many of the slowest batches the summary lists.
 N_SLOWEST = 5
 #: Settings that may differ between records without refusing the run (they are reported).
@@ -205,11 +210,17 @@ class RunSummary:
         return layer_names(self.layers, self.granularity)
 
     @property
+    def credit_name(self) -> str:
+        """What a per-layer value is, by the run's ``effect`` (:data:`EFFECT_CREDIT_NAMES`)."""
+        return EFFECT_CREDIT_NAMES.get(self.effect, f"{self.effect} credit")
+
+    @property
     def credit_words(self) -> str:
         """What the credits are, in words, with their units."""
+        name = self.credit_name
         if self.units == "probability":
-            return f"credit to {'p(y) - p(foil)' if self.contrastive else 'p(y)'} (probability)"
-        return f"credit to {'log p(y) - log p(foil)' if self.contrastive else 'log p(y)'} (nats)"
+            return f"{name} to {'p(y) - p(foil)' if self.contrastive else 'p(y)'} (probability)"
+        return f"{name} to {'log p(y) - log p(foil)' if self.contrastive else 'log p(y)'} (nats)"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (NaN as null), one entry per layer under ``"per_layer"``."""

@@ -71,14 +71,15 @@ def _head_lines(s: Any) -> list[str]:
 
 def _layer_lines(s: Any) -> list[str]:
     if not s.layers:
-        return ["no record was explained: no per-layer credit"]
+        return ["no record was explained: no per-layer credit"]  # of any effect
     pct = f"{100 * s.confidence:g}%"
     ci_note = (f"{pct} CI: percentile bootstrap resampling records, their tokens pooled "
                f"({s.n_boot} resamples, seed {s.seed})" if s.n_ok > 1
                else "no CI: it needs at least 2 records")
     total_sum = math.fsum(s.mean_credit)
     spec = column_format([*s.mean_credit, *s.ci_low, *s.ci_high, total_sum, s.mean_delta_p])
-    lines = [f"Per-layer mean credit over {_plural(s.n_tokens, 'token')} of "
+    lines = [f"Per-layer mean {getattr(s, 'credit_name', 'credit')} over "
+             f"{_plural(s.n_tokens, 'token')} of "
              f"{_plural(s.n_ok, 'record')} ({_unit(s)})", ci_note,
              f"  {'layer':<8}{'mean':>12}{pct + ' CI low':>14}{pct + ' CI high':>14}"
              f"{'onsets':>9}{'share':>8}"]

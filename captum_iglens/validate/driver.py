@@ -52,6 +52,7 @@ from captum_iglens.validate.patching import (
     load_pairs,
     patch_pairs,
 )
+from captum_iglens.validate.predictors import DEFAULT_EFFECTS, EFFECT_NAMES
 from captum_iglens.validate.report import ValidationResult, analyse_patches
 from captum_iglens.validate.runs import (
     AblationRun,
@@ -109,7 +110,8 @@ def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] 
              nonmonotonic_tol: float = 0.05, min_reference: int = DEFAULT_MIN_REFERENCE,
              progress: bool = True, donors: int = DEFAULT_DONORS,
              pairs: Optional[Sequence[PromptPair]] = None, prompts_file: Optional[str] = None,
-             pairs_file: Optional[str] = None, grow: bool = True) -> ValidationResult:
+             pairs_file: Optional[str] = None, grow: bool = True,
+             effects: Sequence[str] = DEFAULT_EFFECTS) -> ValidationResult:
     """Test whether IG-Lens credit predicts the causal effect of intervening on each block.
 
     Args:
@@ -139,6 +141,12 @@ def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] 
         grow (bool, optional): Each ablation row starts from the clean residual below its
             block (True) or recomputes every block below (False, the slower reference;
             results agree to float32 rounding). Default: True.
+        effects (sequence of str, optional): Effect predictors scored beside the readout
+            credit on the zero and mean ablations (issue 29's pre-registered test,
+            :mod:`captum_iglens.validate.predictors`): ``"total"`` (the total effect, exact
+            split, 8 steps; "total effect" in the tables) and ``"atp"`` (attribution
+            patching; "AtP"), each with the matching reference. ``()`` skips them (they
+            cost about as much as the readout explanation each). Default: both.
 
     Returns:
         ValidationResult: per-token drops, predictors, metrics, bootstrap summaries, the
@@ -154,6 +162,9 @@ def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] 
         AblationCheckError: a built-in check of the ablation or the patching failed.
     """
     prompts = load_prompts(prompts_file) if prompts is None else [str(p) for p in prompts]
+    effects = tuple(effects)
+    if any(e not in EFFECT_NAMES for e in effects):
+        raise ValueError(f"effects must be among {tuple(EFFECT_NAMES)}, got {effects}.")
     kinds = _check_settings(kinds, threshold, max_new_tokens, n_boot, len(prompts), donors)
     ablating = tuple(k for k in kinds if k in KINDS)
     _check_reference(tokenizer, prompts, ablating, max_new_tokens, min_reference)
@@ -164,7 +175,7 @@ def validate(model: nn.Module, tokenizer: Any, prompts: Optional[Sequence[str]] 
         "kinds": list(kinds), "threshold": threshold, "max_new_tokens": max_new_tokens,
         "seed": seed, "n_boot": n_boot, "donors": min(donors, len(prompts) - 1),
         "nonmonotonic_tol": nonmonotonic_tol, "min_reference": min_reference,
-        **_fixed_settings(seed, ablation)}
+        "effects": list(effects), **_fixed_settings(seed, ablation)}
     clock = {"start": stamp()}
     run = AblationRun(data=_Data())
     if ablating:
@@ -193,7 +204,7 @@ def _result(run: AblationRun, kinds: tuple[str, ...], n: int, prompts: list[str]
         answers=[it.result.answer for it in run.items], tokens=data.tokens,
         credits=stacked("credits"), lens_probs=stacked("lens"), direct=stacked("direct"),
         analysis=run.analysis, settings=settings, check_errors=data.checks,
-        patching=patching)
+        patching=patching, predictors=data.predictors() if data.tokens else {})
 
 
 def _fixed_settings(seed: int, ablation: BlockAblation) -> dict[str, Any]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from captum_iglens.validate.stats import METRICS, PREDICTORS, analyse
+from captum_iglens.validate.predictors import predictor_names
+from captum_iglens.validate.stats import METRICS, analyse
 from captum_iglens.validate.tables import LEGEND, paired_block, summary_block, trajectory_block
 from captum_iglens.validate.verdict import (
     EXCLUDED_BLOCK,
@@ -93,6 +94,10 @@ class ValidationResult:
             ``provenance`` (:func:`~captum_iglens.validate.inputs.provenance`).
         check_errors (dict[str, float]): Largest error of each built-in ablation check.
         patching (dict, optional): :func:`analyse_patches` (None without ``"patch"``).
+        predictors (dict): Effect predictors beside the built-in ones: ablation kind ->
+            name (``"total effect"``, ``"AtP"``) -> ``[N, n]`` scores
+            (:mod:`captum_iglens.validate.predictors`); scored in :attr:`summary` like the
+            others.
     """
 
     kinds: tuple[str, ...]
@@ -107,6 +112,7 @@ class ValidationResult:
     settings: dict[str, Any]
     check_errors: dict[str, float]
     patching: Optional[dict[str, Any]] = None
+    predictors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def _part(self, key: str) -> Any:
         return (self.analysis or {}).get(key, {})
@@ -164,7 +170,7 @@ class ValidationResult:
                  f"{len(self.layer_indices)} blocks.",
                  f"This run: {s['n_boot']} bootstrap resamples, seed {s['seed']}"
                  + (f", {s['donors']} resample donors." if resample else "."),
-                 self.format_verdict(), "", *LEGEND]
+                 self.format_verdict(), "", *LEGEND, *self._effect_legend()]
         if self.analysis is not None:
             prompt = np.array([t["prompt_index"] for t in self.tokens])
             head = (f"ABLATION: {self._counts(prompt, prompt)} (p_final >= "
@@ -181,6 +187,14 @@ class ValidationResult:
                   f"{s['tolerance']:.1e} (1 + |reference|)):"]
         lines += ["  " + ", ".join(checks[i:i + 5]) for i in range(0, len(checks), 5)]
         return "\n".join(line.rstrip() for line in lines)
+
+    def _effect_legend(self) -> list[str]:
+        if not self.predictors:
+            return []
+        return ["total effect: exact share of the drop when every block's update at the token",
+                "goes to its reference (8 steps); AtP: first-order estimate of each single-block",
+                "drop (not additive); both with the ablation's reference (zero; causal mean for",
+                "mean), scored on zero and mean ablation only; the readout credit decides H1-H3."]
 
     def _patch_head(self) -> list[str]:
         pairs = self.patching["pairs"]  # type: ignore[index]  # called when patching ran
@@ -211,6 +225,8 @@ class ValidationResult:
             entry = dict(token)
             entry.update(credits=self.credits[i], lens_probs=self.lens_probs[i],
                          direct=self.direct[i], drops={k: v[i] for k, v in self.drops.items()},
+                         predictors={k: {name: v[i] for name, v in by_name.items()}
+                                     for k, by_name in self.predictors.items()},
                          metrics={k: {p: {m: vals[m][i] for m in METRICS}
                                       for p, vals in by_p.items()}
                                   for k, by_p in self.metrics.items()})
@@ -219,7 +235,8 @@ class ValidationResult:
                     if k not in ("metrics", "drops", "nonmonotonic")}
         return _plain({
             "settings": self.settings, "layers": self.layer_indices, "kinds": self.kinds,
-            "predictors": PREDICTORS, "metrics": METRICS, "pre_stated_test": PRE_STATED,
+            "predictors": predictor_names(self.summary), "metrics": METRICS,
+            "pre_stated_test": PRE_STATED,
             "verdict": self.verdict, "prompts": self.prompts, "answers": self.answers,
             "ablation": ablation, "patching": self.patching, "check_errors": self._all_checks(),
             "tokens": tokens,

@@ -22,6 +22,7 @@ from captum_iglens._utils.progress import progress_enabled
 from captum_iglens.text.explain_prompt import explain
 from captum_iglens.validate.ablation import BlockAblation, mean_updates
 from captum_iglens.validate.patching import PairAlignmentError, PromptPair, pair_ids
+from captum_iglens.validate.predictors import add_predictors, effect_scores
 from captum_iglens.validate.stats import analyse
 from captum_iglens.validate.verdict import EXCLUDED_BLOCK, decision_views, verdict
 
@@ -35,6 +36,7 @@ class _Item:
     result: Any
     trace: Any
     selected: list[int]
+    effects: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,6 +49,14 @@ class _Data:
     drops: dict[str, list[np.ndarray]] = field(default_factory=dict)
     tokens: list[dict[str, Any]] = field(default_factory=list)
     checks: dict[str, float] = field(default_factory=dict)
+    #: Effect predictors: ablation kind -> predictor name -> per-prompt ``[P, n]`` scores.
+    effects: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)
+
+    def predictors(self) -> dict[str, dict[str, np.ndarray]]:
+        """Scores of every recorded token: kind -> predictor name -> ``[N, n]`` float64."""
+        return {kind: {name: np.concatenate(parts).astype(np.float64)
+                       for name, parts in by_name.items()}
+                for kind, by_name in self.effects.items()}
 
     def stacked(self, name: str) -> np.ndarray:
         return np.concatenate(getattr(self, name)).astype(np.float64)
@@ -54,7 +64,8 @@ class _Data:
 
 def _explain_all(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int,
                  threshold: float, ablation: BlockAblation, progress: bool,
-                 explain_fn: Callable) -> list[_Item]:
+                 explain_fn: Callable, kinds: Sequence[str] = (),
+                 effects: Sequence[str] = ()) -> list[_Item]:
     items = []
     shown = progress and progress_enabled()  # --no-progress switches these off too
     for prompt in tqdm(prompts, desc="explain", unit="prompt", disable=not shown):
@@ -62,7 +73,12 @@ def _explain_all(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_n
                             chat_template=True)
         trace = ablation.trace(torch.tensor(result.input_ids))
         selected = [t for t, p in enumerate(result.p_final.tolist()) if p >= threshold]
-        items.append(_Item(result, trace, selected))
+        scores = {}
+        if selected and effects:
+            scores = effect_scores(model, result.input_ids,
+                                   [result.positions[t] for t in selected],
+                                   [result.token_ids[t] for t in selected], kinds, effects)
+        items.append(_Item(result, trace, selected, scores))
     return items
 
 
@@ -122,6 +138,9 @@ def _record(data: _Data, item: _Item, p: int, donors: list[int], out: Any,
     data.direct.append(direct.numpy())
     for kind in data.drops:
         data.drops[kind].append(out.drops[kind].numpy())
+    for kind, by_name in item.effects.items():
+        for name, scores in by_name.items():
+            data.effects.setdefault(kind, {}).setdefault(name, []).append(scores)
     for j, t in enumerate(sel):
         data.tokens.append({"prompt_index": p, "token": res.tokens[t],
                             "token_id": res.token_ids[t], "position": res.positions[t],
@@ -171,6 +190,7 @@ def _ablation_part(data: _Data, n_boot: int, seed: int, tol: float) -> dict[str,
     drops = {k: np.concatenate(v).astype(np.float64) for k, v in data.drops.items()}
     analysis = analyse(data.stacked("credits"), data.stacked("lens"), data.stacked("direct"),
                        onset, drops, prompt, n_boot, seed, tol, EXCLUDED_BLOCK)
+    add_predictors(analysis, data.predictors(), drops, prompt, n_boot, seed, EXCLUDED_BLOCK)
     n = data.credits[0].shape[1]
     views = decision_views(analysis["views"], {k: n for k in drops})
     analysis["verdict"] = verdict(analysis["summary"], analysis["paired"],
@@ -199,6 +219,10 @@ def run_ablation(model: nn.Module, tokenizer: Any, prompts: Sequence[str],
                  explain_fn: Callable = explain) -> AblationRun:
     """Explain (with ``explain_fn``), ablate and analyse; ``clock`` gets a stamp per phase.
 
+    ``settings["effects"]`` (keys of :data:`~captum_iglens.validate.predictors.EFFECT_NAMES`)
+    adds the total effect and AtP as predictors of the zero and mean ablations
+    (:func:`~captum_iglens.validate.predictors.add_predictors`).
+
     Raises:
         ValueError: no answer token reaches the threshold.
         ReferenceSetError: too few reference positions for ``mean``.
@@ -206,7 +230,7 @@ def run_ablation(model: nn.Module, tokenizer: Any, prompts: Sequence[str],
     """
     s = settings
     items = _explain_all(model, tokenizer, prompts, s["max_new_tokens"], s["threshold"],
-                         ablation, progress, explain_fn)
+                         ablation, progress, explain_fn, kinds, s.get("effects", ()))
     clock["explain"] = stamp()
     data = _ablate_all(ablation, items, kinds, s["seed"], s["donors"], s["min_reference"],
                        progress)

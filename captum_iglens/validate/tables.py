@@ -1,6 +1,7 @@
 """Text tables of the causal validation (lines of at most 100 characters).
 
-Pure formatting of the analysis dicts of :func:`captum_iglens.validate.stats.analyse`:
+Pure formatting of the analysis dicts of :func:`captum_iglens.validate.stats.analyse`
+(with the effect predictors of :func:`captum_iglens.validate.predictors.add_predictors`):
 for one view (an intervention on all its blocks, or without the block tied to its credit)
 the predictors' metrics, IG-Lens minus each predictor (paired per token), and monotonic vs
 non-monotonic tokens side by side with their difference.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-from captum_iglens.validate.stats import PREDICTORS
+from captum_iglens.validate.predictors import predictor_names
 
 __all__ = ["LEGEND", "ci", "num", "paired_block", "summary_block", "trajectory_block"]
 
@@ -52,7 +53,7 @@ def summary_block(summary: Mapping, view: str, head: str) -> list[str]:
     lines = [head, f"{'predictor':<16}{'rho [95% CI]':<21}{'rho_tok [95% CI]':<21}"
                    f"{'top-1':>6}{'top-3':>6}{'pct@top':>8}{'pct@ons':>8}{'|Δons|':>7}"
                    f"{'vs rnd':>7}"]
-    for name in PREDICTORS:
+    for name in predictor_names(summary):
         get = _getter(summary.get("all", {}).get(view, {}).get(name, {}))
         lines.append(f"{name:<16}{ci(get('spearman'), '+.2f'):<21}"
                      f"{ci(get('spearman_token'), '+.2f'):<21}"
@@ -67,7 +68,7 @@ def paired_block(paired: Mapping, view: str) -> list[str]:
     """IG-Lens credit minus each predictor, token by token, on one view (all tokens)."""
     lines = [f"{'IG-Lens minus':<16}{'Δrho [CI]':<21}{'Δrho_tok [CI]':<21}"
              f"{'Δtop-1 [CI]':<21}{'Δpct@top [CI]':<18}"]
-    for name in PREDICTORS[1:]:
+    for name in predictor_names(paired)[1:]:
         get = _getter(paired.get("all", {}).get(view, {}).get(name, {}))
         lines.append(f"{name:<16}{ci(get('spearman'), '+.2f'):<21}"
                      f"{ci(get('spearman_token'), '+.2f'):<21}"
@@ -89,7 +90,7 @@ def trajectory_block(summary: Mapping, contrast: Mapping, view: str,
              "logit-lens trajectories",
              f"{'predictor':<16}{'rho monotonic':<21}{'rho non-mono':<21}"
              f"{'non - mono [CI]':<21}{'top-1 m / n':>12}{'Δtop-1':>8}"]
-    for name in PREDICTORS:
+    for name in predictor_names(summary):
         mono = _getter(summary.get("monotonic", {}).get(view, {}).get(name, {}))
         non = _getter(summary.get("non-monotonic", {}).get(view, {}).get(name, {}))
         diff = _getter(contrast.get("summary", {}).get(view, {}).get(name, {}))

@@ -459,12 +459,9 @@ def test_sublayer_gates_match_an_independent_implementation(family: str) -> None
                  <= 2 * _gate_tol(block.p_baseline)).all())
 
 
-def test_sublayer_gates_refuse_parallel_blocks_and_heads() -> None:
+def test_sublayer_gates_refuse_parallel_blocks() -> None:
     with pytest.raises(ValueError, match="parallel blocks"):
         IGLens(_model("gptj"), effect="total", granularity="sublayer").attribute(_ids(), "zero")
-    with pytest.raises(ValueError, match="head gates"):
-        IGLens(_model("llama"), effect="total", granularity="sublayer",
-               heads=True).attribute(_ids(), "zero")
 
 
 def test_causal_update_mean_equals_a_position_by_position_mean() -> None:

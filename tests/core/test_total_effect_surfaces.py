@@ -76,11 +76,26 @@ def test_cli_explain_effect_writes_it_to_json(effect, tiny_load, tmp_path, capsy
 
 @pytest.mark.parametrize("extra, message", [
     (["--baseline", "embedding"], "--baseline must be mean or zero"),
-    (["--granularity", "sublayer", "--heads", "--json", "x.json"], "no head gates yet"),
 ])
 def test_cli_effect_refusals(extra, message, tiny_load, capsys) -> None:
     assert main(["explain", "--effect", "total", *extra, PROMPT]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_effect_head_gates_write_head_credits(tiny_load, tmp_path) -> None:
+    path = tmp_path / "heads.json"
+    argv = ["explain", "--effect", "total", "--granularity", "sublayer", "--heads",
+            "--n-steps", "4", "--max-new-tokens", "2", "--no-chat-template", "--json",
+            str(path), PROMPT]
+    assert main(argv) == 0
+    data = json.loads(path.read_text())
+    token = (data[0] if isinstance(data, list) else data)["tokens"][0]
+    heads = torch.tensor(token["head_credits"]).double()
+    attention = torch.tensor(token["attributions"][0::2]).double()
+    # the heads and the rest add up to each attention credit (float32 rounding of each)
+    whole = heads.sum(-1) + torch.tensor(token["head_rest"]).double()
+    bound = 4 * torch.finfo(torch.float32).eps * (heads.abs().sum(-1) + attention.abs())
+    assert bool(((whole - attention).abs() <= bound + 1e-12).all())
 
 
 def test_cli_run_effect_is_fingerprinted(tiny_load, tmp_path, capsys) -> None:
@@ -144,3 +159,34 @@ def test_summarize_labels_atp_and_keeps_effects_apart(tiny_load, tmp_path, capsy
     mixed.write_text(outs["atp"].read_text() + outs["readout"].read_text())
     assert main(["summarize", "--allow-mixed-runs", str(mixed)]) != 0
     assert "not comparable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("effect, name", [("readout", "readout credit"),
+                                          ("total", "total effect"),
+                                          ("atp", "AtP estimate (not additive)")])
+def test_summary_table_plot_and_html_name_the_effect(effect, name, tiny_load,
+                                                     tmp_path) -> None:
+    from captum_iglens.summary.html import render_html
+    from captum_iglens.summary.plot import plot_summary
+    from captum_iglens.summary.pool import load_results, summarize
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n"
+                      + json.dumps({"id": "b", "prompt": "w8 w6 w4"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["run", "--input", str(source), "--output", str(out), "--max-new-tokens", "2",
+                 "--no-chat-template", "--no-progress", "--n-steps", "4",
+                 "--effect", effect]) == 0
+    loaded = load_results(str(out))
+    records = loaded[0] if isinstance(loaded, tuple) else loaded
+    summary = summarize(records, n_boot=20)
+    text = summary.format()
+    assert f"Per-layer mean {name} over" in text
+    others = {"readout credit", "total effect", "AtP estimate"} - {name.split(" (")[0]}
+    assert not any(f"Per-layer mean {o}" in text for o in others)
+    fig = plot_summary(summary)
+    labels = [t.get_text() for ax in fig.axes for t in (ax.title, ax.yaxis.label)]
+    assert f"mean {name} per layer over" in labels[0] and labels[1].startswith(name)
+    assert name in fig._suptitle.get_text()
+    page = render_html(summary, records, max_records=0)
+    assert f"IG-Lens run summary ({name})" in page.replace("&#x27;", "'")
