@@ -59,7 +59,8 @@ def _statistic(columns: np.ndarray, rates: np.ndarray) -> np.ndarray:
 
 def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
                       n_boot: int = 1000, seed: int = 0,
-                      split: Optional[np.ndarray] = None) -> np.ndarray:
+                      split: Optional[np.ndarray] = None,
+                      return_draws: bool = False) -> Any:
     """Statistic and percentile 95% CI of every column, resampling clusters (prompts).
 
     The one cluster bootstrap of the validation: the H1-H3 tests
@@ -75,6 +76,9 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
         split (ndarray, optional): ``[N]`` bool. The statistic is then the difference
             ``stat(rows with split) - stat(rows without)``, both from the same resampled
             clusters (a difference between two token subsets, paired by prompt).
+
+        return_draws (bool, optional): Return ``(draws [n_boot, C], statistic [C])``
+            instead of the percentile table (for other levels). Default: False.
 
     Returns:
         ndarray: ``[C, 3]`` (statistic, 2.5th percentile, 97.5th percentile); NaN where no
@@ -95,6 +99,8 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
     for b in range(n_boot):
         pick = rng.integers(0, len(groups), len(groups))
         draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
+    if return_draws:
+        return draws, point
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         quantile = np.nanpercentile if np.isnan(draws).any() else np.percentile
