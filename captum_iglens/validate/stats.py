@@ -135,9 +135,14 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
                 - _statistic(columns[rows[~split[rows]]], rates))
 
     point = statistic(np.concatenate(list(groups)))
-    draws = np.empty((n_boot, columns.shape[1]))
-    for b, pick in enumerate(cluster_draws(len(groups), n_boot, seed)):
-        draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
+    picks = cluster_draws(len(groups), n_boot, seed)
+    rows = np.concatenate(list(groups))
+    if split is None and not np.isnan(columns[rows]).any():
+        draws = _weighted_draws(columns, rates, groups, picks)
+    else:
+        draws = np.empty((n_boot, columns.shape[1]))
+        for b, pick in enumerate(picks):
+            draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
     if return_draws:
         return draws, point
     with warnings.catch_warnings():
@@ -145,6 +150,43 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
         quantile = np.nanpercentile if np.isnan(draws).any() else np.percentile
         low, high = quantile(draws, [2.5, 97.5], axis=0)
     return np.stack([point, low, high], 1)
+
+
+_BATCH_ELEMENTS = 1 << 22  # resample x token weights held at once by _weighted_draws
+
+
+def _weighted_draws(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
+                    picks: np.ndarray) -> np.ndarray:
+    """The statistic of every resample without concatenating rows (no NaN, no split).
+
+    A resample is a multiplicity per cluster; a token weighs its cluster's. The mean is the
+    weighted mean; the median is read from the cumulative weights of each column's sorted
+    tokens: the two middle ranks of the concatenated resample, averaged as ``np.median``
+    does, so the values are those of the loop over concatenations.
+    """
+    rows = np.concatenate(list(groups))
+    label = np.concatenate([np.full(len(g), j) for j, g in enumerate(groups)])
+    values = columns[rows]  # [N, C]
+    n_boot, n_groups = picks.shape
+    counts = np.zeros((n_boot, n_groups), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(n_boot), n_groups), picks.reshape(-1)), 1)
+    draws = np.empty((n_boot, columns.shape[1]))
+    sizes = np.array([len(g) for g in groups], dtype=np.float64)
+    if rates.any():
+        sums = np.stack([values[label == j][:, rates].sum(0) for j in range(n_groups)])
+        draws[:, rates] = (counts @ sums) / (counts @ sizes)[:, None]
+    order = np.argsort(values, axis=0, kind="stable")
+    step = max(1, _BATCH_ELEMENTS // max(1, len(rows)))
+    for c in np.flatnonzero(~rates):
+        sorted_values = values[order[:, c], c]
+        sorted_label = label[order[:, c]]
+        for b in range(0, n_boot, step):
+            cum = np.cumsum(counts[b:b + step][:, sorted_label], axis=1)  # [b, N]
+            total = cum[:, -1]
+            lower = (cum <= ((total - 1) // 2)[:, None]).sum(1)
+            upper = (cum <= (total // 2)[:, None]).sum(1)
+            draws[b:b + step, c] = (sorted_values[lower] + sorted_values[upper]) / 2
+    return draws
 
 
 def predictor_scores(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray,

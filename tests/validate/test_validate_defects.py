@@ -141,3 +141,20 @@ def test_the_two_cluster_bootstraps_give_the_same_numbers() -> None:
     tol = 16 * np.finfo(np.float64).eps * np.abs(tokens).max()
     np.testing.assert_allclose(low, table[:, 1], rtol=0, atol=tol)
     np.testing.assert_allclose(high, table[:, 2], rtol=0, atol=tol)
+
+
+def test_the_weighted_bootstrap_is_the_loop_over_concatenated_resamples() -> None:
+    from captum_iglens.validate import stats
+
+    rng = np.random.default_rng(6)
+    cols = rng.standard_normal((300, 4))
+    cols[:, 1] = np.round(cols[:, 1])  # discrete: ties and even-count medians
+    rates = np.array([True, False, False, True])
+    groups = [np.arange(10 * i, 10 * (i + 1) - i % 3) for i in range(30)]
+    draws, _ = cluster_bootstrap(cols, rates, groups, 500, 3, return_draws=True)
+    picks = stats.cluster_draws(len(groups), 500, 3)
+    loop = np.stack([stats._statistic(cols[np.concatenate([groups[g] for g in p])], rates)
+                     for p in picks])
+    assert np.array_equal(draws[:, ~rates], loop[:, ~rates])  # medians: the same values
+    tol = 16 * np.finfo(np.float64).eps * np.abs(cols).max()
+    np.testing.assert_allclose(draws[:, rates], loop[:, rates], rtol=0, atol=tol)

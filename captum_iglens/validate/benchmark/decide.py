@@ -126,13 +126,17 @@ def analysis_version(prereg: Optional[Preregistration] = None) -> dict[str, str]
 
     Returns:
         dict: ``package`` (``captum_iglens.__version__``), ``verdict_module_sha256`` (this
-        module's source), ``preregistration_sha256`` (the file read).
+        module's source), ``bootstrap_module_sha256`` (:mod:`captum_iglens.validate.stats`,
+        the bootstrap it calls), ``preregistration_sha256`` (the file read).
     """
     from captum_iglens import __version__
+    from captum_iglens.validate import stats
 
     prereg = prereg or load_preregistration()
     source = Path(__file__).read_bytes()
     return {"package": __version__, "verdict_module_sha256": hashlib.sha256(source).hexdigest(),
+            "bootstrap_module_sha256": hashlib.sha256(
+                Path(stats.__file__).read_bytes()).hexdigest(),
             "preregistration_sha256": prereg.sha256}
 
 
