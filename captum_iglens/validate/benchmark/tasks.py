@@ -115,7 +115,9 @@ def ioi_pairs(n: int = 400, seed: Optional[int] = None,
     combos = len(templates) * len(names) * (len(names) - 1) // 2
     if not 0 < n <= combos:
         raise ValueError(f"n must be in 1..{combos} (templates x unordered name pairs), got {n}.")
-    rng, seen, pairs = _rng(seed), set(), []
+    rng = _rng(seed)
+    seen: set[tuple[int, frozenset]] = set()
+    pairs: list[PromptPair] = []
     while len(pairs) < n:
         t = len(pairs) % len(templates)
         kind, template = templates[t]
