@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{family} / {name}: reused {path}", file=sys.stderr)
         cells.append(cell)
     tables = {view: runner.markdown_table(cells, view) for view in runner.PATCH_VIEWS}
+    tables["hypotheses"] = runner.hypotheses_table(cells)
     (out / "benchmark.json").write_text(json.dumps({"cells": cells}, indent=1),
                                         encoding="utf-8")
     (out / "benchmark.md").write_text("\n\n".join(tables.values()) + "\n", encoding="utf-8")

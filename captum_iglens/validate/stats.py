@@ -168,23 +168,25 @@ def _weighted_draws(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.
     label = np.concatenate([np.full(len(g), j) for j, g in enumerate(groups)])
     values = columns[rows]  # [N, C]
     n_boot, n_groups = picks.shape
-    counts = np.zeros((n_boot, n_groups), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(n_boot), n_groups), picks.reshape(-1)), 1)
     draws = np.empty((n_boot, columns.shape[1]))
     sizes = np.array([len(g) for g in groups], dtype=np.float64)
-    if rates.any():
-        sums = np.stack([values[label == j][:, rates].sum(0) for j in range(n_groups)])
-        draws[:, rates] = (counts @ sums) / (counts @ sizes)[:, None]
+    sums = np.stack([values[label == j][:, rates].sum(0) for j in range(n_groups)])
     order = np.argsort(values, axis=0, kind="stable")
-    step = max(1, _BATCH_ELEMENTS // max(1, len(rows)))
-    for c in np.flatnonzero(~rates):
-        sorted_values = values[order[:, c], c]
-        sorted_label = label[order[:, c]]
-        for b in range(0, n_boot, step):
-            cum = np.cumsum(counts[b:b + step][:, sorted_label], axis=1)  # [b, N]
+    medians = np.flatnonzero(~rates)
+    step = max(1, _BATCH_ELEMENTS // max(len(rows), n_groups))
+    for b in range(0, n_boot, step):
+        part = picks[b:b + step]
+        offsets = part + n_groups * np.arange(len(part))[:, None]
+        counts = np.bincount(offsets.reshape(-1), minlength=len(part) * n_groups).reshape(
+            len(part), n_groups)  # resample x cluster multiplicities
+        if rates.any():
+            draws[b:b + step, rates] = (counts @ sums) / (counts @ sizes)[:, None]
+        for c in medians:
+            cum = np.cumsum(counts[:, label[order[:, c]]], axis=1)  # [b, N]
             total = cum[:, -1]
             lower = (cum <= ((total - 1) // 2)[:, None]).sum(1)
             upper = (cum <= (total // 2)[:, None]).sum(1)
+            sorted_values = values[order[:, c], c]
             draws[b:b + step, c] = (sorted_values[lower] + sorted_values[upper]) / 2
     return draws
 

@@ -60,8 +60,16 @@ def test_benchmark_writes_the_table_and_resumes(tiny_folder, pairs_file, tmp_pat
     for entry in load_preregistration().data["predictors"]:
         assert f"| {entry['name']} |" in table
     assert "not scored" in table  # AtP and the others: listed, not filled in
+    assert "| B7 the readout credit agrees with patching better" in table
     credit = cell["scores"]["patch"]["readout credit"]
     assert credit["n"] <= 12 and credit["low"] <= credit["mean"] <= credit["high"]
+    hyp = cell["hypotheses"]
+    assert set(hyp) == {h["id"] for h in load_preregistration().hypotheses}
+    # B7 (credit vs last layer under patching) is scored; 12 pairs are below the minimum
+    assert hyp["B7"]["verdict"] == "n/a" and "fewer than 20 tokens" in hyp["B7"]["reason"]
+    assert hyp["B1"] == {"verdict": "n/a", "reason": "not scored by this version",
+                         "statement": hyp["B1"]["statement"]}  # AtP: not yet
+    assert len(cell["per_pair_rho"]["patch"]["readout credit"]) == 12
     assert cell["fingerprint"]["analysis"]["preregistration_sha256"] == (
         load_preregistration().sha256)
     capsys.readouterr()
@@ -71,6 +79,19 @@ def test_benchmark_writes_the_table_and_resumes(tiny_folder, pairs_file, tmp_pat
     # another seed is another fingerprint: the cell runs again
     assert main([*argv, "--seed", "1"]) == 0
     assert json.loads(cell_file.read_text())["fingerprint"]["settings"]["seed"] == 1
+
+
+def test_hypothesis_verdicts_decide_what_is_scored() -> None:
+    rng = np.random.default_rng(1)
+    prereg = load_preregistration()
+    clusters = np.arange(60) // 2
+    better = {"patch": {"readout credit": 0.5 + 0.1 * rng.standard_normal(60),
+                        "last layer always": 0.1 * rng.standard_normal(60)}}
+    found = runner.hypothesis_verdicts(better, clusters, prereg)
+    assert found["B7"]["verdict"] == "supported" and found["B7"]["n_clusters"] == 30
+    worse = {"patch": {"readout credit": better["patch"]["last layer always"],
+                       "last layer always": better["patch"]["readout credit"]}}
+    assert runner.hypothesis_verdicts(worse, clusters, prereg)["B7"]["verdict"] == "reversed"
 
 
 def test_a_planted_predictor_scores_one_and_a_shuffled_one_chance() -> None:

@@ -30,8 +30,8 @@ from captum_iglens.validate.benchmark.tasks import aligned, answered
 from captum_iglens.validate.pairs import PromptPair, couple_clusters
 from captum_iglens.validate.stats import cluster_bootstrap
 
-__all__ = ["PATCH_VIEWS", "SCORED", "cell_fingerprint", "cell_path", "load_cell",
-           "markdown_table", "run_cell"]
+__all__ = ["PATCH_VIEWS", "SCORED", "cell_fingerprint", "cell_path", "hypothesis_verdicts",
+           "hypotheses_table", "load_cell", "markdown_table", "run_cell"]
 
 #: The predictors this skeleton scores, in the pre-registration's names.
 SCORED: tuple[str, ...] = ("readout credit", "logit-lens level", "direct logit attribution",
@@ -163,16 +163,57 @@ def run_cell(model: Any, tokenizer: Any, family: str, task: str,
     alpha = prereg.alpha_corrected
     power_z = float(norm.ppf(1 - alpha) + norm.ppf(float(prereg.statistics["power"])))
     scores: dict[str, Any] = {}
+    rho: dict[str, dict[str, np.ndarray]] = {}
     for view, field in PATCH_VIEWS.items():
         full = np.stack([getattr(p, field).double().numpy() for p in patches])
         found = _predictors(patches, full, clusters, seed)
-        scores[view] = {name: _summary(_rho(found[name][:, 1:], full[:, 1:]), clusters,
-                                       n_boot, seed, power_z) for name in SCORED}
+        rho[view] = {name: _rho(found[name][:, 1:], full[:, 1:]) for name in SCORED}
+        scores[view] = {name: _summary(rho[view][name], clusters, n_boot, seed, power_z)
+                        for name in SCORED}
         for entry in prereg.data["predictors"]:
             scores[view].setdefault(entry["name"], "not scored")
     errors = {k: max(p.check_errors[k] for p in patches) for k in patches[0].check_errors}
     return {"family": family, "task": task, "counts": counts, "scores": scores,
+            "hypotheses": hypothesis_verdicts(rho, clusters, prereg),
+            "per_pair_rho": {v: {k: r.tolist() for k, r in d.items()} for v, d in rho.items()},
+            "pair_ids": [p.pair.id for p in patches], "cluster_labels": clusters.tolist(),
             "check_errors": errors, "clusters": int(len(np.unique(clusters)))}
+
+
+def hypothesis_verdicts(rho: Mapping[str, Mapping[str, np.ndarray]], clusters: np.ndarray,
+                        prereg: Any) -> dict[str, dict[str, Any]]:
+    """The pre-registered decision of every hypothesis this version can score.
+
+    A rho hypothesis on a scored intervention whose two predictors are scored is decided by
+    :func:`~captum_iglens.validate.benchmark.decide.decide` on the per-pair differences of
+    rho (the file's resamples, level and minimum n); every other one is ``"n/a"`` with the
+    reason ``"not scored by this version"``.
+
+    Args:
+        rho (mapping): intervention -> predictor -> ``[P]`` per-pair Spearman rho.
+        clusters (ndarray): ``[P]`` cluster of each pair (mirrored couples shared).
+        prereg (Preregistration): The rules.
+
+    Returns:
+        dict: hypothesis id -> the fields of its
+        :class:`~captum_iglens.validate.benchmark.decide.Cell` (and its statement).
+    """
+    from dataclasses import asdict
+
+    from captum_iglens.validate.benchmark.decide import decide
+
+    out = {}
+    for h in prereg.hypotheses:
+        view, versus = rho.get(h["intervention"], {}), h["versus"]
+        usable = (h["statistic"] == "rho" and isinstance(versus, str)
+                  and h["predictor"] in view and versus in view)
+        if not usable:
+            out[h["id"]] = {"verdict": "n/a", "reason": "not scored by this version",
+                            "statement": h["statement"]}
+            continue
+        cell = decide(view[h["predictor"]] - view[versus], clusters, prereg, h["direction"])
+        out[h["id"]] = {**asdict(cell), "statement": h["statement"]}
+    return out
 
 
 def markdown_table(cells: Sequence[Mapping[str, Any]], view: str = "patch") -> str:
@@ -193,6 +234,23 @@ def markdown_table(cells: Sequence[Mapping[str, Any]], view: str = "patch") -> s
             else:
                 row.append(f"{s['mean']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}] ({s['n']})")
         lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def hypotheses_table(cells: Sequence[Mapping[str, Any]]) -> str:
+    """Hypotheses x (family, task): the pre-registered verdict, the mean and its MDE."""
+    prereg = load_preregistration()
+    heads = [f"{c['family']} / {c['task']}" for c in cells]
+    lines = ["| hypothesis (mean per-pair difference; MDE) | " + " | ".join(heads) + " |",
+             "| --- |" + " --- |" * len(cells)]
+    for h in prereg.hypotheses:
+        row = []
+        for cell in cells:
+            found = cell.get("hypotheses", {}).get(h["id"], {"verdict": "n/a"})
+            value, mde = found.get("value", math.nan), found.get("mde", math.nan)
+            row.append(found["verdict"] if not math.isfinite(value) else
+                       f"{found['verdict']} ({value:+.2f}; {mde:.2f})")
+        lines.append(f"| {h['id']} {h['statement']} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
