@@ -89,3 +89,11 @@ def test_analysis_version_hashes_the_verdict_module() -> None:
     assert version["preregistration_sha256"] == load_preregistration().sha256
     assert load_preregistration().data["analysis_code"]["verdict_module"].endswith(
         "benchmark/decide.py")
+
+
+def test_another_bootstrap_seed_moves_no_verdict() -> None:
+    prereg = load_preregistration()
+    for shift in (1.0, 0.0, -1.0):
+        values, clusters = _cell(shift)
+        verdicts = {decide(values, clusters, prereg, seed=s).verdict for s in (0, 1, 2)}
+        assert len(verdicts) == 1, (shift, verdicts)
