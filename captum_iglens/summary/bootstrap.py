@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
+
+from captum_iglens.validate.stats import cluster_draws
 
 __all__ = ["cluster_mean_ci"]
 
-_BATCH_ELEMENTS = 1 << 24  # float64 elements per vectorized bootstrap call (128 MiB)
+_BATCH_ELEMENTS = 1 << 24  # float64 elements per vectorized batch of resamples (128 MiB)
 
 
 def cluster_mean_ci(
@@ -18,9 +18,11 @@ def cluster_mean_ci(
     """Percentile bootstrap CI of a pooled per-layer mean, resampling whole clusters.
 
     The statistic of a resample of clusters (records) is ``sum of their sums / sum of their
-    counts``: the mean over the pooled tokens of the drawn records. Computed with
-    :func:`scipy.stats.bootstrap` (``method="percentile"``), in batches that hold at most
-    about 128 MiB.
+    counts``: the mean over the pooled tokens of the drawn records. The resamples are the
+    package's one cluster draw (:func:`captum_iglens.validate.stats.cluster_draws`), the
+    one :func:`~captum_iglens.validate.stats.cluster_bootstrap` takes, so a pooled mean
+    gets the same interval from both for the same seed; computed in batches that hold at
+    most about 128 MiB.
 
     Args:
         sums (ndarray): ``[R, k]`` per cluster the sum of its tokens' credits.
@@ -33,24 +35,14 @@ def cluster_mean_ci(
         (low, high): ``[k]`` each; NaN with fewer than 2 clusters (a single record says
         nothing about the spread between records).
     """
-    from scipy import stats
-
     n_rec, k = sums.shape
     if n_rec < 2:
         return np.full(k, np.nan), np.full(k, np.nan)
-
-    def pooled_mean(index: np.ndarray, axis: int = -1) -> np.ndarray:
-        pick = np.moveaxis(np.asarray(index), axis, -1).astype(np.intp)
-        mean = sums[pick].sum(-2) / counts[pick].sum(-1)[..., None]  # [..., k]
-        return np.moveaxis(mean, -1, 0)  # [k, ...]
-
-    rng = np.random.default_rng(seed)
-    seeded = {"rng": rng} if "rng" in inspect.signature(stats.bootstrap).parameters else {
-        "random_state": rng}
-    result = stats.bootstrap(
-        (np.arange(n_rec),), pooled_mean, n_resamples=n_boot, confidence_level=confidence,
-        method="percentile", vectorized=True, axis=-1,
-        batch=max(1, _BATCH_ELEMENTS // (n_rec * k)), **seeded,
-    )
-    return (np.asarray(result.confidence_interval.low, dtype=np.float64).reshape(k),
-            np.asarray(result.confidence_interval.high, dtype=np.float64).reshape(k))
+    pick = cluster_draws(n_rec, n_boot, seed)
+    batch = max(1, _BATCH_ELEMENTS // (n_rec * k))
+    draws = np.concatenate([sums[pick[b:b + batch]].sum(1)
+                            / counts[pick[b:b + batch]].sum(1)[:, None]
+                            for b in range(0, n_boot, batch)])
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(draws, [tail, 100 - tail], axis=0)
+    return np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)

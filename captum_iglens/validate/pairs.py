@@ -9,11 +9,13 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
+
+import numpy as np
 
 from captum_iglens._utils.lines import split_lines
 
-__all__ = ["PairAlignmentError", "PromptPair", "load_pairs"]
+__all__ = ["PairAlignmentError", "PromptPair", "couple_clusters", "load_pairs"]
 
 _FIELDS = ("id", "category", "clean", "corrupted", "answer", "foil")
 
@@ -38,6 +40,25 @@ class PromptPair:
     corrupted: str
     answer: str
     foil: str
+
+
+def couple_clusters(pairs: Sequence[PromptPair]) -> np.ndarray:
+    """Cluster label of each pair: mirrored couples share one, every other pair its own.
+
+    Pairs ``A`` and ``B`` are a mirrored couple when ``B`` is ``A`` read backwards
+    (``B.clean == A.corrupted``, ``B.corrupted == A.clean``, answer and foil swapped):
+    then patching ``A`` is exactly reverse-patching ``B``, so the two are one observation
+    and the bootstrap must resample them together.
+
+    Returns:
+        ndarray: ``[len(pairs)]`` int64 labels ``0, 1, ...`` in order of first appearance.
+    """
+    labels: dict[frozenset, int] = {}
+    out = []
+    for p in pairs:
+        key = frozenset({(p.clean, p.answer), (p.corrupted, p.foil)})
+        out.append(labels.setdefault(key, len(labels)))
+    return np.asarray(out, dtype=np.int64)
 
 
 def load_pairs(path: Union[str, Path, None] = None) -> list[PromptPair]:

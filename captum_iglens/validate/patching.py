@@ -214,8 +214,11 @@ def patch_pairs(ablation: BlockAblation, tokenizer: Any, pairs: Sequence[PromptP
     """
     from tqdm.auto import tqdm
 
+    from captum_iglens._utils.progress import progress_enabled
+
     patches, skipped = [], []
-    for j, pair in enumerate(tqdm(pairs, desc="patch", unit="pair", disable=not progress)):
+    shown = progress and progress_enabled()  # --no-progress switches this bar off too
+    for j, pair in enumerate(tqdm(pairs, desc="patch", unit="pair", disable=not shown)):
         try:
             pair_ids(tokenizer, pair)
         except ValueError as err:

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from captum_iglens.validate.pairs import couple_clusters
 from captum_iglens.validate.predictors import predictor_names
 from captum_iglens.validate.stats import METRICS, analyse
 from captum_iglens.validate.tables import LEGEND, paired_block, summary_block, trajectory_block
@@ -27,6 +28,9 @@ _PATCH_KINDS = ("patch", "reverse patch")
 def analyse_patches(patches: Sequence[Any], skipped: Sequence[str], n_boot: int, seed: int,
                     nonmonotonic_tol: float) -> dict[str, Any]:
     """Bootstrap analysis and verdict of counterfactual patching, one cluster per pair.
+
+    A pair and its mirror (:func:`~captum_iglens.validate.pairs.couple_clusters`) are one
+    cluster: patching one is reverse-patching the other.
 
     Args:
         patches (sequence of PairPatch): From :func:`~captum_iglens.validate.patching.patch_pairs`.
@@ -56,11 +60,14 @@ def analyse_patches(patches: Sequence[Any], skipped: Sequence[str], n_boot: int,
     credits, lens, direct = stack("credits"), stack("lens"), stack("direct")
     drops = {"patch": stack("recovery"), "reverse patch": stack("reverse")}
     onset = np.array([p.onset for p in patches])
-    out = analyse(credits, lens, direct, onset, drops, np.arange(len(patches)), n_boot, seed,
+    clusters = couple_clusters([p.pair for p in patches])  # a pair and its mirror: one
+    out = analyse(credits, lens, direct, onset, drops, clusters, n_boot, seed,
                   nonmonotonic_tol, {k: EXCLUDED_BLOCK[k] for k in _PATCH_KINDS})
     n = credits.shape[1]
     out["verdict"] = verdict(out["summary"], out["paired"], out["contrast"],
-                             decision_views(out["views"], {k: n for k in _PATCH_KINDS}))
+                             decision_views(out["views"], {k: n for k in _PATCH_KINDS}),
+                             chance=out["chance"], n_clusters=len(np.unique(clusters)))
+    out["clusters"] = clusters.tolist()
     out.update(credits=credits, lens=lens, direct=direct, drops=drops, skipped=list(skipped))
     out["pairs"] = [{"id": p.pair.id, "category": p.pair.category, "clean": p.pair.clean,
                      "corrupted": p.pair.corrupted, "position": p.position,

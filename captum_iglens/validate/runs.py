@@ -194,7 +194,8 @@ def _ablation_part(data: _Data, n_boot: int, seed: int, tol: float) -> dict[str,
     n = data.credits[0].shape[1]
     views = decision_views(analysis["views"], {k: n for k in drops})
     analysis["verdict"] = verdict(analysis["summary"], analysis["paired"],
-                                  analysis["contrast"], views)
+                                  analysis["contrast"], views, chance=analysis["chance"],
+                                  n_clusters=len(np.unique(prompt)))
     analysis["drops"] = drops
     return analysis
 

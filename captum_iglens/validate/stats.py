@@ -28,13 +28,17 @@ from captum_iglens.validate.metrics import (
     token_metrics,
 )
 
-__all__ = ["METRICS", "PREDICTORS", "SUBSETS", "analyse", "cluster_bootstrap", "half_point",
-           "nonmonotonic", "onset_gain", "profile_free_spearman", "token_metrics", "view_name"]
+__all__ = ["MEANS", "METRICS", "PREDICTORS", "SUBSETS", "analyse", "cluster_bootstrap",
+           "cluster_draws", "half_point", "nonmonotonic", "onset_gain", "onset_gain_chance",
+           "profile_free_spearman", "token_metrics", "view_name"]
 
 PREDICTORS: tuple[str, ...] = ("IG-Lens credit", "|credit|", "lens level", "direct effect",
                                "first layer", "last layer", "random", "other prompts")
 SUBSETS: tuple[str, ...] = ("all", "monotonic", "non-monotonic")
-_RATES = ("top1", "top3")
+#: Means beside the medians: ``"<metric>_mean"`` is the mean over tokens of ``<metric>``,
+#: read where a median of discrete values sits on an end of its own CI.
+MEANS: dict[str, str] = {"spearman_mean": "spearman", "onset_gain_mean": "onset_gain"}
+_RATES = ("top1", "top3", *MEANS)
 
 
 def view_name(kind: str, block: int) -> str:
@@ -57,9 +61,47 @@ def _statistic(columns: np.ndarray, rates: np.ndarray) -> np.ndarray:
     return out
 
 
+def cluster_draws(n_clusters: int, n_boot: int, seed: int) -> np.ndarray:
+    """The resampled clusters of every bootstrap of the package: ``[n_boot, n_clusters]``.
+
+    Row ``b`` holds the cluster indices of resample ``b``, drawn with replacement by
+    ``numpy.random.default_rng(seed)``. :func:`cluster_bootstrap` (the validation's tables
+    and verdicts, the benchmark's decisions) and
+    :func:`captum_iglens.summary.bootstrap.cluster_mean_ci` (summaries) both resample
+    with it, so the same seed gives the same resamples.
+    """
+    return np.random.default_rng(seed).integers(0, n_clusters, (n_boot, n_clusters))
+
+
+def onset_gain_chance(half: np.ndarray, n: int, draws: int = 2000, seed: int = 0) -> float:
+    """Chance value of the median onset gain: its expectation under uniform random onsets.
+
+    :func:`onset_gain` is zero in expectation per token, but its median over tokens is not
+    (the distribution of ``E|R - h| - |R' - h|`` is skewed), so a median must be compared
+    with this value, not with 0: the mean over ``draws`` seeded permutations of the median
+    over tokens of the gain of an onset drawn uniformly over the ``n`` blocks.
+
+    Args:
+        half (ndarray): ``[N]`` half-drop column of each token (0-based).
+        n (int): Blocks.
+        draws (int, optional): Random onsets per token. Default: 2000.
+        seed (int, optional): Default: 0.
+
+    Returns:
+        float: layers; NaN without tokens.
+    """
+    half = np.asarray(half)
+    if not len(half):
+        return float("nan")
+    onsets = np.random.default_rng(seed).integers(0, n, (draws, len(half)))
+    expected = np.abs(np.arange(n)[None, :] - half[:, None]).mean(1)
+    return float(np.median(expected[None, :] - np.abs(onsets - half[None, :]), axis=1).mean())
+
+
 def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
                       n_boot: int = 1000, seed: int = 0,
-                      split: Optional[np.ndarray] = None) -> np.ndarray:
+                      split: Optional[np.ndarray] = None,
+                      return_draws: bool = False) -> Any:
     """Statistic and percentile 95% CI of every column, resampling clusters (prompts).
 
     The one cluster bootstrap of the validation: the H1-H3 tests
@@ -76,6 +118,9 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
             ``stat(rows with split) - stat(rows without)``, both from the same resampled
             clusters (a difference between two token subsets, paired by prompt).
 
+        return_draws (bool, optional): Return ``(draws [n_boot, C], statistic [C])``
+            instead of the percentile table (for other levels). Default: False.
+
     Returns:
         ndarray: ``[C, 3]`` (statistic, 2.5th percentile, 97.5th percentile); NaN where no
         token (or no cluster) is available.
@@ -90,16 +135,60 @@ def cluster_bootstrap(columns: np.ndarray, rates: np.ndarray, groups: Sequence[n
                 - _statistic(columns[rows[~split[rows]]], rates))
 
     point = statistic(np.concatenate(list(groups)))
-    rng = np.random.default_rng(seed)
-    draws = np.empty((n_boot, columns.shape[1]))
-    for b in range(n_boot):
-        pick = rng.integers(0, len(groups), len(groups))
-        draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
+    picks = cluster_draws(len(groups), n_boot, seed)
+    rows = np.concatenate(list(groups))
+    if split is None and not np.isnan(columns[rows]).any():
+        draws = _weighted_draws(columns, rates, groups, picks)
+    else:
+        draws = np.empty((n_boot, columns.shape[1]))
+        for b, pick in enumerate(picks):
+            draws[b] = statistic(np.concatenate([groups[g] for g in pick]))
+    if return_draws:
+        return draws, point
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         quantile = np.nanpercentile if np.isnan(draws).any() else np.percentile
         low, high = quantile(draws, [2.5, 97.5], axis=0)
     return np.stack([point, low, high], 1)
+
+
+_BATCH_ELEMENTS = 1 << 22  # resample x token weights held at once by _weighted_draws
+
+
+def _weighted_draws(columns: np.ndarray, rates: np.ndarray, groups: Sequence[np.ndarray],
+                    picks: np.ndarray) -> np.ndarray:
+    """The statistic of every resample without concatenating rows (no NaN, no split).
+
+    A resample is a multiplicity per cluster; a token weighs its cluster's. The mean is the
+    weighted mean; the median is read from the cumulative weights of each column's sorted
+    tokens: the two middle ranks of the concatenated resample, averaged as ``np.median``
+    does, so the values are those of the loop over concatenations.
+    """
+    rows = np.concatenate(list(groups))
+    label = np.concatenate([np.full(len(g), j) for j, g in enumerate(groups)])
+    values = columns[rows]  # [N, C]
+    n_boot, n_groups = picks.shape
+    draws = np.empty((n_boot, columns.shape[1]))
+    sizes = np.array([len(g) for g in groups], dtype=np.float64)
+    sums = np.stack([values[label == j][:, rates].sum(0) for j in range(n_groups)])
+    order = np.argsort(values, axis=0, kind="stable")
+    medians = np.flatnonzero(~rates)
+    step = max(1, _BATCH_ELEMENTS // max(len(rows), n_groups))
+    for b in range(0, n_boot, step):
+        part = picks[b:b + step]
+        offsets = part + n_groups * np.arange(len(part))[:, None]
+        counts = np.bincount(offsets.reshape(-1), minlength=len(part) * n_groups).reshape(
+            len(part), n_groups)  # resample x cluster multiplicities
+        if rates.any():
+            draws[b:b + step, rates] = (counts @ sums) / (counts @ sizes)[:, None]
+        for c in medians:
+            cum = np.cumsum(counts[:, label[order[:, c]]], axis=1)  # [b, N]
+            total = cum[:, -1]
+            lower = (cum <= ((total - 1) // 2)[:, None]).sum(1)
+            upper = (cum <= (total // 2)[:, None]).sum(1)
+            sorted_values = values[order[:, c], c]
+            draws[b:b + step, c] = (sorted_values[lower] + sorted_values[upper]) / 2
+    return draws
 
 
 def predictor_scores(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray,
@@ -141,20 +230,21 @@ def _columns(metrics: dict[str, dict[str, dict[str, np.ndarray]]]
              ) -> tuple[list[tuple[str, ...]], np.ndarray]:
     """Every (table, view, predictor, metric) column of the bootstrap.
 
-    The metrics themselves, and the paired differences IG-Lens credit minus each other
-    predictor, token by token.
+    The metrics themselves (and the means of :data:`MEANS`), and the paired differences
+    IG-Lens credit minus each other predictor, token by token.
     """
     keys: list[tuple[str, ...]] = []
     cols = []
     for view, by_name in metrics.items():
         ours = by_name[PREDICTORS[0]]
         for name, values in by_name.items():
-            for metric in METRICS:
+            for metric in (*METRICS, *MEANS):
+                of = MEANS.get(metric, metric)
                 keys.append(("summary", view, name, metric))
-                cols.append(values[metric])
+                cols.append(values[of])
                 if name != PREDICTORS[0]:
                     keys.append(("paired", view, name, metric))
-                    cols.append(ours[metric] - values[metric])
+                    cols.append(ours[of] - values[of])
     return keys, np.stack(cols, axis=1)
 
 
@@ -211,9 +301,10 @@ def analyse(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray, onset: np
         dict with ``metrics`` (view -> predictor -> metric -> ``[N]``), ``nonmonotonic``
         (``[N]`` bool), ``views`` (view -> kind), ``summary`` and ``paired`` (subset -> view
         -> predictor -> metric -> ``[statistic, low, high]``, 95% CI clustered by prompt)
-        and ``contrast`` (view -> predictor -> metric -> the same for the difference
+        ``contrast`` (view -> predictor -> metric -> the same for the difference
         non-monotonic minus monotonic tokens, summary columns and paired ones under
-        ``"summary"`` / ``"paired"``).
+        ``"summary"`` / ``"paired"``) and ``chance`` (view -> ``{"onset_gain": value}``,
+        :func:`onset_gain_chance` of the view's half-drop blocks).
     """
     random = np.random.default_rng(seed).standard_normal(credits.shape)
     arrays = {"credits": credits, "lens": lens, "direct": direct}
@@ -223,7 +314,11 @@ def analyse(credits: np.ndarray, lens: np.ndarray, direct: np.ndarray, onset: np
     keys, columns = _columns(metrics)
     rates = np.array([key[-1] in _RATES for key in keys])
     flags = nonmonotonic(lens, nonmonotonic_tol)
+    chance = {view: {"onset_gain": onset_gain_chance(
+        half_point(drops[kind][:, cols].cumsum(1)), len(cols), seed=seed)}
+        for view, kind, cols in views}
     out: dict[str, Any] = {"metrics": metrics, "nonmonotonic": flags, "summary": {},
+                           "chance": chance,
                            "paired": {}, "contrast": {"summary": {}, "paired": {}},
                            "views": {view: kind for view, kind, _ in views}}
     masks = (np.ones_like(flags), ~flags, flags)

@@ -12,13 +12,13 @@ the validation's one prompt-clustered bootstrap
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from captum_iglens.validate.stats import view_name
 
-__all__ = ["EXCLUDED_BLOCK", "PRE_STATED", "STATISTICS", "Statistic", "decision_views",
-           "format_verdict", "verdict"]
+__all__ = ["EXCLUDED_BLOCK", "MIN_CLUSTERS", "PRE_STATED", "STATISTICS", "Statistic",
+           "decision_views", "format_verdict", "verdict"]
 
 PRE_STATED = """\
 Pre-stated test (fixed in the package before any of its numbers were computed)
@@ -29,18 +29,26 @@ H1 Credit ranks the blocks by their drop better than the logit-lens level and th
    median rho(credit) against its chance value 0.
 H2 It does so better on tokens whose logit-lens trajectory is non-monotonic (falls > 0.05
    below its running maximum) than on monotonic ones.
-   Statistic: median rho(credit) on non-monotonic minus median on monotonic tokens.
+   Statistic: median of rho(credit) - rho(lens level) on non-monotonic minus the same on
+   monotonic tokens (the gap over the lens level, as the sentence says; before issue 30:
+   credit's own rho across the groups, which tests another sentence).
 H3 The IG-Lens onset lies nearer the half-drop block h than a random block R does.
-   Statistic: median over tokens of E|R - h| - |onset - h| (layers; R uniform over blocks).
-CI: 95% percentile, prompt-clustered bootstrap (1000 resamples of prompts, seed 0), every
-difference taken within each resample. Decision: a hypothesis is supported for a model and
-intervention iff the CI of each of its statistics lies entirely above 0; else not
-supported (n/a: too few tokens). Decided without the block tied to its credit by
-construction: zero ablation without the last block (its drop is its credit), patching
-without block 1 (its credit holds the jump from the corrupted reference); the all-block
-figures are reported below. Resample ablation averages K seeded donors. No correction for
-multiplicity (3 hypotheses x 5 interventions x 2 models): one supported cell among many
-is weak evidence. rho_tok (shared layer profile removed) is reported, not decided."""
+   Statistics: median over tokens of E|R - h| - |onset - h| (layers; R uniform over blocks)
+   against its chance value (the same median under random onsets, by permutation: about
+   +0.7, not 0); and paired, minus the same of "last layer always".
+CI: 95% percentile, prompt-clustered bootstrap (1000 resamples of prompts, seed 0; a pair
+and its mirror, patch(A) = reverse-patch(B), are one cluster), every difference taken
+within each resample. Decision: a hypothesis is supported for a model and intervention
+iff the CI of each of its statistics lies entirely above its null value (0, or the chance
+value); else not supported; n/a with fewer than 10 clusters or a zero-width CI. Where a
+median of discrete values sits on an end of its CI, the mean (CI, null 0) is decided.
+Decided without the block tied to its credit by construction: zero ablation without the
+last block (its drop is its credit), patching without block 1 (its credit holds the jump
+from the corrupted reference); the all-block figures are reported below. Resample ablation
+averages K seeded donors. No correction for multiplicity (3 hypotheses x 5 interventions x
+2 models): one supported cell among many is weak evidence (the benchmark's pre-registration,
+validate/benchmark/prereg.json, corrects for it). rho_tok (shared layer profile removed) is
+reported, not decided."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +58,16 @@ class Statistic:
     Attributes:
         hypothesis (str): ``"H1"``, ``"H2"``, ``"H3"``, or a reported-only label.
         label (str): What it is, for the table.
-        table (str): ``"summary"``, ``"paired"`` (IG-Lens minus ``predictor``) or
-            ``"contrast"`` (non-monotonic minus monotonic tokens).
+        table (str): ``"summary"``, ``"paired"`` (IG-Lens minus ``predictor``),
+            ``"contrast"`` (non-monotonic minus monotonic tokens) or ``"contrast paired"``
+            (the same of IG-Lens minus ``predictor``).
         predictor (str): The predictor the row is read from.
         metric (str): The per-token metric (:data:`~captum_iglens.validate.stats.METRICS`).
         decided (bool): Whether it enters the decision.
+        null (str): ``"zero"`` or ``"chance"`` (the analysis's chance value of ``metric``).
+        mean (str): The mean column decided instead where the median sits on an end of its
+            own CI (a median of discrete values); its null is 0 (for the onset gain the
+            exact chance expectation). Empty: none.
     """
 
     hypothesis: str
@@ -63,17 +76,27 @@ class Statistic:
     predictor: str
     metric: str
     decided: bool = True
+    null: str = "zero"
+    mean: str = ""
 
 
 STATISTICS: tuple[Statistic, ...] = (
-    Statistic("H1", "rho(credit) - rho(lens level)", "paired", "lens level", "spearman"),
-    Statistic("H1", "rho(credit) vs chance 0", "summary", "IG-Lens credit", "spearman"),
-    Statistic("H2", "rho(credit): non-mono - mono", "contrast", "IG-Lens credit", "spearman"),
-    Statistic("H3", "E|R - h| - |onset - h| (layers)", "summary", "IG-Lens credit",
-              "onset_gain"),
+    Statistic("H1", "rho(credit) - rho(lens level)", "paired", "lens level", "spearman",
+              mean="spearman_mean"),
+    Statistic("H1", "rho(credit) vs chance 0", "summary", "IG-Lens credit", "spearman",
+              mean="spearman_mean"),
+    Statistic("H2", "Δrho vs lens: non-mono - mono", "contrast paired", "lens level",
+              "spearman", mean="spearman_mean"),
+    Statistic("H3", "E|R-h| - |onset-h| vs chance", "summary", "IG-Lens credit",
+              "onset_gain", null="chance", mean="onset_gain_mean"),
+    Statistic("H3", "onset gain - last layer's", "paired", "last layer", "onset_gain",
+              mean="onset_gain_mean"),
     Statistic("rep.", "rho_tok(credit) vs chance 0", "summary", "IG-Lens credit",
               "spearman_token", decided=False),
 )
+
+#: Fewest clusters (prompts, or pairs with their mirrors) a decision is made on; fewer: n/a.
+MIN_CLUSTERS = 10
 
 #: The block whose drop is tied to its credit by construction, per intervention kind
 #: (column index, ``-1`` the last); the decision leaves it out.
@@ -100,13 +123,16 @@ def _row(stat: Statistic, view: str, summary: Mapping, paired: Mapping,
          contrast: Mapping) -> list[float]:
     if stat.table == "contrast":
         node = contrast.get("summary", {})
+    elif stat.table == "contrast paired":
+        node = contrast.get("paired", {})
     else:
         node = (summary if stat.table == "summary" else paired).get("all", {})
     return node.get(view, {}).get(stat.predictor, {}).get(stat.metric, [math.nan] * 3)
 
 
 def verdict(summary: Mapping, paired: Mapping, contrast: Mapping,
-            views: Sequence[str]) -> list[dict[str, Any]]:
+            views: Sequence[str], chance: Optional[Mapping] = None,
+            n_clusters: Optional[int] = None) -> list[dict[str, Any]]:
     """Apply the decision rule of :data:`PRE_STATED` to bootstrap tables.
 
     Args:
@@ -115,26 +141,51 @@ def verdict(summary: Mapping, paired: Mapping, contrast: Mapping,
         paired (mapping): The same for IG-Lens credit minus each predictor.
         contrast (mapping): ``{"summary": view -> ...}``: non-monotonic minus monotonic.
         views (sequence of str): The decided views (:func:`decision_views`).
+        chance (mapping, optional): view -> metric -> chance value (the analysis's
+            ``chance``); a statistic with ``null="chance"`` and no value here is n/a.
+        n_clusters (int, optional): Clusters the tables were resampled from; fewer than
+            :data:`MIN_CLUSTERS` makes every decision n/a. Default: not checked.
 
     Returns:
         list of dict: one per view and statistic: ``view``, ``hypothesis``, ``statistic``,
-        ``value``, ``low``, ``high`` (the 95% CI), ``decided``, and ``supported``: for a
-        decided statistic, True / False for its hypothesis as a whole (every decided
-        statistic of it has a CI above 0), None where a CI is NaN.
+        ``value``, ``low``, ``high`` (the 95% CI), ``null`` (the value the CI must exceed),
+        ``mean_instead`` (the median sat on an end of its CI: the mean and its CI are given
+        and decided, against 0),
+        ``decided``, and ``supported``: for a decided statistic, True / False for its
+        hypothesis as a whole (every decided statistic of it has a CI above its null),
+        None (n/a) where a CI is NaN or of zero width, or too few clusters.
     """
     rows = []
+    few = n_clusters is not None and n_clusters < MIN_CLUSTERS
     for view in views:
-        found = [(stat, _row(stat, view, summary, paired, contrast)) for stat in STATISTICS]
+        found, nulls, on_bound = [], [], []
+        for stat in STATISTICS:
+            row = _row(stat, view, summary, paired, contrast)
+            null = ((chance or {}).get(view, {}).get(stat.metric, math.nan)
+                    if stat.null == "chance" else 0.0)
+            # exact: a median equal to a percentile of its own draws sits on a bound
+            bound = bool(stat.mean) and math.isfinite(row[0]) and row[0] in (row[1], row[2])
+            if bound:
+                row, null = _row(replace(stat, metric=stat.mean), view, summary, paired,
+                                 contrast), 0.0
+            found.append((stat, row))
+            nulls.append(null)
+            on_bound.append(bound)
         decision: dict[str, Optional[bool]] = {}
-        for stat, (_, low, _high) in found:
+        for (stat, (_, low, high)), null in zip(found, nulls, strict=True):
             if stat.decided:
-                above = None if not math.isfinite(low) else low > 0
+                usable = (not few and math.isfinite(low) and math.isfinite(high)
+                          and math.isfinite(null) and high > low)
+                above = low > null if usable else None
                 prior = decision.get(stat.hypothesis, True)
                 decision[stat.hypothesis] = None if None in (prior, above) else (
                     bool(prior and above))
-        for stat, (value, low, high) in found:
+        for (stat, (value, low, high)), null, bound in zip(found, nulls, on_bound,
+                                                           strict=True):
             rows.append({"view": view, "hypothesis": stat.hypothesis, "statistic": stat.label,
-                         "value": value, "low": low, "high": high, "decided": stat.decided,
+                         "value": value, "low": low, "high": high, "null": null,
+                         "mean_instead": bound,
+                         "decided": stat.decided,
                          "supported": decision.get(stat.hypothesis)})
     return rows
 
@@ -153,7 +204,8 @@ def format_verdict(rows: Sequence[Mapping[str, Any]], model: str) -> list[str]:
     two statistics are decided together: both lines say the same); a statistic that is
     reported, not decided, says ``reported only``.
     """
-    lines = [f"Verdict on {model} (supported iff every CI of the hypothesis lies above 0)",
+    lines = [f"Verdict on {model} (supported iff every CI of the hypothesis lies above its "
+             "null: 0 or chance)",
              f"{'intervention':<26}{'hyp':<5}{'statistic':<32}{'median [95% CI]':<21}"
              "decision"]
     for j, row in enumerate(rows):
@@ -161,6 +213,8 @@ def format_verdict(rows: Sequence[Mapping[str, Any]], model: str) -> list[str]:
         if row["decided"]:
             decision = {True: "supported", False: "not supported", None: "n/a"}[
                 row["supported"]]
+        if row.get("mean_instead"):
+            decision += " (mean)"
         first_of_view = j == 0 or rows[j - 1]["view"] != row["view"]
         lines.append(f"{row['view'] if first_of_view else '':<26}{row['hypothesis']:<5}"
                      f"{row['statistic']:<32}"

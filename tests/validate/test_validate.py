@@ -150,7 +150,8 @@ def _synthetic(rng: np.random.Generator, informative: bool) -> dict:
                   {"zero": -1})
     views = decision_views(out["views"], {"zero": n, "mean": n})
     return {"out": out, "rows": verdict(out["summary"], out["paired"], out["contrast"],
-                                        views), "views": views}
+                                        views, chance=out["chance"], n_clusters=40),
+            "views": views}
 
 
 def _decisions(rows: list) -> dict:

@@ -73,10 +73,11 @@ def test_every_verdict_line_has_a_decision(with_resample) -> None:
     for line, row in zip(column, rows, strict=True):
         cell = line[at:].strip()
         assert cell, line  # the trap: H1's first line had a blank cell
-        assert cell == (words[row["supported"]] if row["decided"] else "reported only"), line
+        word = words[row["supported"]] if row["decided"] else "reported only"
+        assert cell == word + (" (mean)" if row["mean_instead"] else ""), line
     first_h1 = next(line for line, row in zip(column, rows, strict=True)
                     if row["hypothesis"] == "H1")
-    assert first_h1[at:].strip() in ("supported", "not supported", "n/a")
+    assert first_h1[at:].strip().removesuffix(" (mean)") in ("supported", "not supported", "n/a")
     assert max(len(line) for line in column) <= 100
 
 
