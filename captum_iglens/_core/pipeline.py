@@ -128,23 +128,26 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         return _ragged_output(spec, cap, method, n_steps, chunk, top_k)
     readout = spec.readout
     path = replace(cap.path, log=spec.units == "log-probability")
-    checked = spec.check_readout and cap.reference is not None
-    reference = cap.reference.log_probs.reshape(-1, cap.reference.log_probs.shape[-1]) \
-        if checked else None
+    # the model's [B, P, V] distribution is not needed past the check: a capture handed
+    # over (no other name holds it) is freed with it; the caller's capture is not changed
+    dist, cap = cap.reference, replace(cap, reference=None)
+    checked = spec.check_readout and dist is not None
+    reference = dist.log_probs.reshape(-1, dist.log_probs.shape[-1]) if checked else None
     nodes = read_nodes(readout, path, chunk, reference)
-    del reference  # a view of the model's [B, P, V] distribution: freed below
+    del reference  # a view of the model's [B, P, V] distribution
     probs = nodes.values
     name = getattr(readout, "name", "") or type(spec.model).__name__
     check_readout(readout, probs, cap.model_probs, model_dtype(spec.model), name,
                   verify=spec.check_readout, final=nodes.final)
     if checked:
-        check_distribution_errors(nodes.errors, cap.reference, model_dtype(spec.model),
+        check_distribution_errors(nodes.errors, dist, model_dtype(spec.model),
                                   path.nodes.shape[-1], name)
-    cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
+    del dist
     credits = ESTIMATORS[method].estimate(readout, path, probs, method, n_steps, chunk)
     p_base, p_final = probs[..., 0], probs[..., -1]
     warn_if_not_converged(credits, p_final - p_base, method, n_steps)
-    out = IGLensOutput(
+    top_probs, top_ids = _top_k(readout, path, top_k, chunk) if top_k else (None, None)
+    return IGLensOutput(
         attributions=credits,
         convergence_delta=convergence_delta(credits, p_final, p_base),
         lens_probs=probs[..., 1:],
@@ -156,12 +159,13 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         baseline=cap.baseline,
         model_argmax=cap.model_argmax,
         units=spec.units,
+        top_k_probs=top_probs,
+        top_k_ids=top_ids,
         contrast=path.contrast,
         granularity=spec.granularity,
+        method=method,
+        n_steps=int(n_steps),
     )
-    if top_k:
-        out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
-    return out
 
 
 def readout_chunk(spec: LensSpec, internal_batch_size: Optional[int]) -> int:

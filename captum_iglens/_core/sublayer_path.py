@@ -93,8 +93,7 @@ def capture_sublayer_path(
         cap = capture_path(spec, request, target=target, baselines=baselines,
                            contrast=contrast)
     nodes = _interleave(cap.path.nodes, half, spec.layer_indices, cap.positions)
-    cap.path = replace(cap.path, nodes=nodes)
-    return cap, dict(head_inputs)
+    return replace(cap, path=replace(cap.path, nodes=nodes)), dict(head_inputs)
 
 
 def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
@@ -124,8 +123,8 @@ def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
                                              additional_forward_args, contrast, explained)
     out = output_from_path(spec, cap, method, n_steps, chunk, top_k)
     if spec.heads:
-        out.head_credits, out.head_rest = _heads_of(spec, cap, out, head_inputs, n_steps,
-                                                    chunk)
+        credits, rest = _heads_of(spec, cap, out, head_inputs, n_steps, chunk)
+        out = replace(out, head_credits=credits, head_rest=rest)
     return out, cap.single
 
 

@@ -11,6 +11,8 @@ from captum_iglens.settings import (
     DEFAULT_BASELINE,
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
     DEFAULT_UNITS,
 )
 
@@ -65,9 +67,9 @@ class IGLensOutput:
             ``F(1) - F(0)``) or ``"atp"`` (attribution patching's first-order estimates:
             ``convergence_delta`` is then their gap to ``delta_p``, not a completeness
             error; they are not a decomposition).
-        method (str, optional): The estimator that made the credits (``"atp"`` for
-            attribution patching).
-        n_steps (int, optional): Its steps.
+        method (str): The estimator that made the credits (``"atp"`` for attribution
+            patching).
+        n_steps (int): Its steps per segment (1 for attribution patching).
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -91,8 +93,8 @@ class IGLensOutput:
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
     effect: str = DEFAULT_EFFECT
-    method: Optional[str] = None
-    n_steps: Optional[int] = None
+    method: str = DEFAULT_METHOD
+    n_steps: int = DEFAULT_N_STEPS
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from captum_iglens._core.capture import recorded_layers
+from captum_iglens._core.entry import layers_to_record
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import UNRECORDED_GENERATION
@@ -144,7 +144,7 @@ def generate_recording(lens: IGLens, tokenizer: Any, prompt_ids: Sequence[Sequen
     if not can_record(baselines):
         raise ValueError(f"baselines={baselines!r} cannot be recorded while generating: use "
                          f"one of {RECORDABLE_BASELINES}, or teacher forcing.")
-    needed, whole = recorded_layers(lens.layer_indices, baselines)
+    needed, whole = layers_to_record(lens.spec, baselines)
     readout = lens.readout
     device = execution_device(readout) if isinstance(readout, torch.nn.Module) else None
     passes: dict[int, list[Tensor]] = {}  # every block, chosen or not: name the first NaN
