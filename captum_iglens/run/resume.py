@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_EFFECT, DEFAULT_GRANULARITY
+from captum_iglens.settings import (
+    CAPTUM_METHODS,
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    settings_from_record,
+)
 
 __all__ = ["FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings", "input_hash",
            "lock_holder", "nothing_left", "planned_entries", "record_fields", "resume_mismatch",
@@ -97,7 +102,7 @@ def planned_entries(settings: Mapping[str, Any], units: str,
         entries["layers"] = list(layers)
     for key in SETTINGS_KEYS:
         entries[key] = _jsonable(settings.get(key))
-    effect = settings.get("effect") or DEFAULT_EFFECT
+    effect = settings_from_record(settings).effect  # the default when absent
     if effect == DEFAULT_EFFECT and entries["method"] not in CAPTUM_METHODS:
         entries["n_steps"] = None  # an exact readout estimator does not depend on it
     for key, default in OPTIONAL_KEYS.items():

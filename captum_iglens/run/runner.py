@@ -35,11 +35,6 @@ from captum_iglens.run.records import Record
 from captum_iglens.run.results_file import ResultsFile, check_results_file, read_lines
 from captum_iglens.run.resume import fingerprint_settings
 from captum_iglens.run.settings import RunReport, RunSettings
-from captum_iglens.settings import (
-    DEFAULT_BASELINE,
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
-)
 from captum_iglens.text.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.text.document import explain_document
 from captum_iglens.text.explain_prompt import (
@@ -92,7 +87,8 @@ class _Runner:
             foils = foil_ids(self.tokenizer, record.contrast)
             result = explain_document(self.lens, self.tokenizer, record.text or "",
                                       record.positions, s.stride, s.chunk, foils,
-                                      s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
+                                      s.onset_frac, s.onset_rule, s.top_k,
+                                      settings=s.attribution)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             self.out.append(_error_line(record, err))
             return
@@ -122,7 +118,7 @@ class _Runner:
             return {}
         s = self.settings
         prompts = [job.rendered.ids for job in todo]
-        baselines = s.attribute_kwargs.get("baselines", DEFAULT_BASELINE)
+        baselines = s.attribution.baselines
         recording = None
         # a recording holds block outputs only: sub-layer lenses re-run prompt + answer
         if can_record(baselines, self.lens.model) and self.lens.spec.recordable:
@@ -171,10 +167,10 @@ class _Runner:
                 recording = recorded[id(jobs[0])][0].rows([recorded[id(j)][1] for j in jobs])
                 results = explain_recorded(self.lens, self.tokenizer, recording, jobs,
                                            s.onset_frac, s.onset_rule, s.top_k,
-                                           **s.attribute_kwargs)
+                                           settings=s.attribution)
             else:
                 results = explain_batch(self.lens, self.tokenizer, jobs, s.onset_frac,
-                                        s.onset_rule, s.top_k, **s.attribute_kwargs)
+                                        s.onset_rule, s.top_k, settings=s.attribution)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             if len(group) > 1:
                 for item in group:
@@ -184,8 +180,8 @@ class _Runner:
             return
         share = generation + (time.perf_counter() - start) / len(group)
         for (record, job), result in zip(group, results, strict=True):
-            annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
-                            job.generated, s.max_new_tokens)
+            result = annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
+                                     job.generated, s.max_new_tokens)
             self.tokens += len(result.tokens)
             self.out.append(_ok_line(record, result, share))
 
@@ -261,13 +257,12 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     Stamps ``out`` with the run's fingerprint and the records' input hashes, after
     refusing an output that another run wrote (:func:`~captum_iglens.run.fingerprint.check_resume`).
     """
-    attribute = settings.attribute_kwargs
+    attribution = settings.attribution
     fingerprint = run_fingerprint(
         lens.model, layers=lens.layer_indices, units=lens.units,
         settings=fingerprint_settings(
-            method=attribute.get("method", DEFAULT_METHOD),
-            n_steps=attribute.get("n_steps", DEFAULT_N_STEPS),
-            baselines=attribute.get("baselines", DEFAULT_BASELINE),
+            method=attribution.method, n_steps=attribution.n_steps,
+            baselines=attribution.baselines,
             max_new_tokens=settings.max_new_tokens, chat_template=settings.chat_template,
             template_kwargs=settings.template_kwargs, onset_frac=settings.onset_frac,
             onset_rule=settings.onset_rule, top_k=settings.top_k, stride=settings.stride,
