@@ -14,10 +14,9 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_iglens._core.baselines import BASELINES
-from captum_iglens._core.entry import Forward, attribute, grid_profile
+from captum_iglens._core.entry import Forward, attribute, delta_of, grid_profile
 from captum_iglens._core.estimators import METHODS
 from captum_iglens._core.onset import onset_layer_indices
-from captum_iglens._core.pipeline import delta_of
 from captum_iglens._utils.typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.readout import ReadoutMismatchError
 from captum_iglens.lens.spec import LensSpec

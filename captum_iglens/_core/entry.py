@@ -29,6 +29,7 @@ from captum_iglens._core.inputs import check_top_k, single_position
 from captum_iglens._core.pipeline import (
     capture_lens_path,
     check_estimator,
+    delta_of,
     output_from_path,
     readout_chunk,
 )
@@ -41,8 +42,8 @@ from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
 from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_METHOD, AttributionSettings
 
-__all__ = ["Forward", "Recorded", "Source", "attribute", "check_estimator", "grid_profile",
-           "layers_to_record"]
+__all__ = ["Forward", "Recorded", "Source", "attribute", "check_estimator", "delta_of",
+           "grid_profile", "layers_to_record"]
 
 
 @dataclass(frozen=True)
