@@ -28,9 +28,9 @@ from captum_iglens.lens.spec import LensSpec
 __all__ = ["PathCapture", "capture_path", "paths_from_states", "recorded_layers"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PathCapture:
-    """The IG-Lens paths of one forward pass.
+    """The IG-Lens paths of one forward pass (frozen: stages build new ones with ``replace``).
 
     Attributes:
         path (PathNodes): nodes ``[B, P, k + 1, d]`` (baseline first), targets ``[B, P]``
