@@ -31,7 +31,7 @@ from captum_iglens.lens.state import model_dtype
 from captum_iglens.results import IGLensOutput
 
 __all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
-           "convergence_delta", "delta_of", "output_from_path", "readout_chunk", "run_lens"]
+           "convergence_delta", "delta_of", "output_from_path", "readout_chunk"]
 
 
 def check_estimator(method: str, n_steps: object) -> None:
@@ -185,27 +185,6 @@ def capture_lens_path(
     request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
                                 explained)
     return capture_path(spec, request, target=target, baselines=baselines, contrast=contrast)
-
-
-def run_lens(
-    spec: LensSpec, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
-    additional_forward_args: Any, n_steps: int, method: str,
-    internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
-    contrast: TargetSpec = None, explained: Optional[Tensor] = None,
-) -> tuple[IGLensOutput, bool]:
-    """Capture the path, read it out, check Invariant R, run the estimator.
-
-    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`.
-
-    Returns:
-        (output, single): the :class:`IGLensOutput` and whether one int position was given.
-    """
-    check_estimator(method, n_steps)
-    cap = capture_lens_path(spec, inputs, target, positions, baselines,
-                            additional_forward_args, contrast, explained)
-    out = output_from_path(spec, cap, method, n_steps, readout_chunk(spec, internal_batch_size),
-                           top_k)
-    return out, cap.single
 
 
 def delta_of(attributions: Tensor, out: IGLensOutput, single: bool) -> Tensor:

@@ -25,16 +25,13 @@ from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.heads import capture_head_inputs, head_credits, head_pieces
 from captum_iglens._core.pipeline import (
     capture_lens_path,
-    check_estimator,
     output_from_path,
-    readout_chunk,
-    run_lens,
 )
 from captum_iglens._core.request import PathRequest
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.sublayer import capture_half_residuals
 
-__all__ = ["capture_granular", "capture_sublayer_path", "run_granular", "sublayer_output"]
+__all__ = ["capture_granular", "capture_sublayer_path", "sublayer_output"]
 
 
 class _FirstWrite(dict):
@@ -100,7 +97,7 @@ def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
                     additional_forward_args: Any, n_steps: int, method: str, chunk: int,
                     positions: Any, top_k: int = 0, contrast: Any = None,
                     explained: Optional[Tensor] = None) -> tuple[Any, bool]:
-    """:func:`~captum_iglens._core.pipeline.run_lens` for a sub-layer lens, head credits included.
+    """The block path of :func:`~captum_iglens._core.entry.attribute` for a sub-layer lens, heads too.
 
     Returns:
         (output, single): the :class:`~captum_iglens.results.IGLensOutput` (credits
@@ -142,20 +139,6 @@ def _heads_of(spec: LensSpec, cap: PathCapture, out: Any, head_inputs: dict[int,
     path = replace(cap.path, log=spec.units == "log-probability")
     return head_credits(spec.readout, path, values, segments, pieces.to(device), n_steps,
                         chunk)
-
-
-def run_granular(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
-                 additional_forward_args: Any, n_steps: int, method: str,
-                 internal_batch_size: Optional[int], positions: Any, top_k: int = 0,
-                 contrast: Any = None, explained: Optional[Tensor] = None) -> tuple[Any, bool]:
-    """:func:`~captum_iglens._core.pipeline.run_lens`, or :func:`sublayer_output` for sub-layers."""
-    if spec.granularity != "sublayer":
-        return run_lens(spec, inputs, baselines, target, additional_forward_args, n_steps,
-                        method, internal_batch_size, positions, top_k, contrast, explained)
-    check_estimator(method, n_steps)
-    return sublayer_output(spec, inputs, baselines, target, additional_forward_args, n_steps,
-                           method, readout_chunk(spec, internal_batch_size), positions, top_k,
-                           contrast, explained)
 
 
 def capture_granular(spec: LensSpec, inputs: Tensor, target: Any, positions: Any, baselines: Any,
