@@ -97,7 +97,7 @@ def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
                     additional_forward_args: Any, n_steps: int, method: str, chunk: int,
                     positions: Any, top_k: int = 0, contrast: Any = None,
                     explained: Optional[Tensor] = None) -> tuple[Any, bool]:
-    """The block path of :func:`~captum_iglens._core.entry.attribute` for a sub-layer lens, heads too.
+    """:func:`~captum_iglens._core.entry.attribute` for a sub-layer lens, head credits included.
 
     Returns:
         (output, single): the :class:`~captum_iglens.results.IGLensOutput` (credits
