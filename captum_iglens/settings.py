@@ -42,6 +42,7 @@ __all__ = [
     "GenerationSettings",
     "ReportSettings",
     "call_settings",
+    "report_settings",
     "settings_from_record",
 ]
 
@@ -193,13 +194,27 @@ def call_settings(settings: Optional[AttributionSettings], **given: Any) -> Attr
     Raises:
         ValueError: ``settings`` together with any of ``given`` away from its default.
     """
-    if settings is None:
-        return AttributionSettings(**given)
-    defaults = AttributionSettings()
-    moved = [name for name, value in given.items()
-             if not (isinstance(value, (str, int, type(None)))
-                     and value == getattr(defaults, name))]
+    return _one_of(settings, AttributionSettings, "settings", given)
+
+
+def report_settings(report: Optional[ReportSettings], **given: Any) -> ReportSettings:
+    """``report``, or the :class:`ReportSettings` of ``onset_frac``, ``onset_rule``, ``top_k``.
+
+    Raises:
+        ValueError: ``report`` together with any of ``given`` away from its default.
+    """
+    return _one_of(report, ReportSettings, "report", given)
+
+
+def _one_of(chosen: Any, kind: type, name: str, given: dict[str, Any]) -> Any:
+    """``chosen`` when given (then every keyword must be at its default), else ``kind(**given)``."""
+    if chosen is None:
+        return kind(**given)
+    defaults = kind()
+    moved = [key for key, value in given.items()
+             if not (isinstance(value, (str, int, float, type(None)))
+                     and value == getattr(defaults, key))]
     if moved:
-        raise ValueError(f"settings= was given together with {moved}: put them in the "
-                         "settings (dataclasses.replace(settings, ...)) or pass them alone.")
-    return settings
+        raise ValueError(f"{name}= was given together with {moved}: put them in the "
+                         f"{name} (dataclasses.replace({name}, ...)) or pass them alone.")
+    return chosen

@@ -22,10 +22,12 @@ from captum_iglens.cli._template_date import (
 )
 
 if TYPE_CHECKING:
-    from captum_iglens.settings import AttributionSettings
+    from captum_iglens.settings import AttributionSettings, GenerationSettings, ReportSettings
 
 __all__ = [
     "attribution_settings",
+    "generation_settings",
+    "report_settings",
     "DEFAULT_MODEL",
     "add_check",
     "add_estimator_options",
@@ -283,3 +285,18 @@ def attribution_settings(args: argparse.Namespace) -> AttributionSettings:
              "granularity": "granularity", "effect": "effect", "heads": "heads"}
     return AttributionSettings().updated(
         **{field: getattr(args, option, None) for field, option in names.items()})
+
+
+def report_settings(args: argparse.Namespace) -> ReportSettings:
+    """The report settings of ``--onset-frac``, ``--onset-rule``, ``--top-k`` (no torch)."""
+    from captum_iglens.settings import ReportSettings
+
+    return ReportSettings(args.onset_frac, args.onset_rule, args.top_k)
+
+
+def generation_settings(args: argparse.Namespace) -> GenerationSettings:
+    """The generation settings of ``--max-new-tokens``, ``--no-chat-template``, the date."""
+    from captum_iglens.settings import GenerationSettings
+
+    return GenerationSettings(args.max_new_tokens, not args.no_chat_template,
+                              template_kwargs(args))

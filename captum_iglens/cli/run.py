@@ -170,12 +170,8 @@ def _records(args: argparse.Namespace) -> list[Any]:
 def _settings_map(args: argparse.Namespace) -> dict[str, Any]:
     from captum_iglens.run.resume import fingerprint_settings
 
-    return fingerprint_settings(
-        method=args.method, n_steps=args.n_steps, baselines=args.baseline,
-        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
-        template_kwargs=opts.template_kwargs(args), onset_frac=args.onset_frac,
-        onset_rule=args.onset_rule, top_k=args.top_k, stride=args.stride,
-        granularity=args.granularity, effect=args.effect)
+    return fingerprint_settings(opts.attribution_settings(args), opts.report_settings(args),
+                                opts.generation_settings(args), stride=args.stride)
 
 
 def _done_lines(output: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ processes (``accelerate launch`` / ``torchrun``), process ``r`` runs batches ``r
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -87,8 +88,7 @@ class _Runner:
             foils = foil_ids(self.tokenizer, record.contrast)
             result = explain_document(self.lens, self.tokenizer, record.text or "",
                                       record.positions, s.stride, s.chunk, foils,
-                                      s.onset_frac, s.onset_rule, s.top_k,
-                                      settings=s.attribution)
+                                      settings=s.attribution, report=s.report)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             self.out.append(_error_line(record, err))
             return
@@ -166,11 +166,10 @@ class _Runner:
             if id(jobs[0]) in recorded:
                 recording = recorded[id(jobs[0])][0].rows([recorded[id(j)][1] for j in jobs])
                 results = explain_recorded(self.lens, self.tokenizer, recording, jobs,
-                                           s.onset_frac, s.onset_rule, s.top_k,
-                                           settings=s.attribution)
+                                           settings=s.attribution, report=s.report)
             else:
-                results = explain_batch(self.lens, self.tokenizer, jobs, s.onset_frac,
-                                        s.onset_rule, s.top_k, settings=s.attribution)
+                results = explain_batch(self.lens, self.tokenizer, jobs,
+                                        settings=s.attribution, report=s.report)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             if len(group) > 1:
                 for item in group:
@@ -257,16 +256,13 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     Stamps ``out`` with the run's fingerprint and the records' input hashes, after
     refusing an output that another run wrote (:func:`~captum_iglens.run.fingerprint.check_resume`).
     """
-    attribution = settings.attribution
+    # the lens decides granularity and effect
+    attribution = replace(settings.attribution, granularity=lens.granularity,
+                          effect=lens.spec.effect)
     fingerprint = run_fingerprint(
         lens.model, layers=lens.layer_indices, units=lens.units,
-        settings=fingerprint_settings(
-            method=attribution.method, n_steps=attribution.n_steps,
-            baselines=attribution.baselines,
-            max_new_tokens=settings.max_new_tokens, chat_template=settings.chat_template,
-            template_kwargs=settings.template_kwargs, onset_frac=settings.onset_frac,
-            onset_rule=settings.onset_rule, top_k=settings.top_k, stride=settings.stride,
-            granularity=lens.granularity, effect=lens.spec.effect))
+        settings=fingerprint_settings(attribution, settings.report, settings.generation,
+                                      stride=settings.stride))
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     if settings.model_source is not None:  # not compared: lets a rerun skip the load

@@ -11,6 +11,8 @@ from captum_iglens.settings import (
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
     AttributionSettings,
+    GenerationSettings,
+    ReportSettings,
 )
 from captum_iglens.text.explain_prompt import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -51,6 +53,17 @@ class RunSettings:
     chunk: int = DEFAULT_CHUNK
     attribution: AttributionSettings = field(default_factory=AttributionSettings)
     model_source: Optional[str] = None
+
+    @property
+    def report(self) -> ReportSettings:
+        """The :class:`~captum_iglens.settings.ReportSettings` of every record."""
+        return ReportSettings(self.onset_frac, self.onset_rule, self.top_k)
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The :class:`~captum_iglens.settings.GenerationSettings` of every prompt record."""
+        return GenerationSettings(self.max_new_tokens, self.chat_template,
+                                  self.template_kwargs)
 
 
 @dataclass

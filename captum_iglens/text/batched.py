@@ -24,6 +24,8 @@ from captum_iglens.settings import (
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
     AttributionSettings,
+    ReportSettings,
+    report_settings,
 )
 from captum_iglens.text.generation import left_pad, pad_id
 from captum_iglens.text.packaging import AnswerSpec, result_from_output
@@ -77,7 +79,8 @@ def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
 def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
                   onset_frac: float = DEFAULT_ONSET_FRAC,
                   onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0, *,
-                  settings: Optional[AttributionSettings] = None) -> list[IGLensResult]:
+                  settings: Optional[AttributionSettings] = None,
+                  report: Optional[ReportSettings] = None) -> list[IGLensResult]:
     """IG-Lens over every answer token of ``B`` prompts, in one left-padded forward.
 
     Each row is ``prompt + answer[:-1]``, left-padded to the longest; answers end at the
@@ -96,6 +99,9 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
         settings (AttributionSettings, optional): Keyword-only: ``baselines``, ``method``,
             ``n_steps``, ``internal_batch_size``. Default: the defaults.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids` on
@@ -117,9 +123,10 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
     positions = list(range(ids.shape[1] - n_cols, ids.shape[1]))
     source = Forward(ids, target=targets, positions=positions, additional_forward_args=(mask,),
                      contrast=foils, explained=explained)
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
     out, _ = attribute(lens.spec, source, settings=settings or AttributionSettings(),
-                       top_k=top_k)
-    return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule)
+                       top_k=shown.top_k)
+    return [_row_result(out, r, job, n_cols, tokenizer, lens, shown)
             for r, job in enumerate(jobs)]
 
 
@@ -140,7 +147,8 @@ def _padded(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
 def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
                      jobs: Sequence[AnswerJob], onset_frac: float = DEFAULT_ONSET_FRAC,
                      onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0, *,
-                     settings: Optional[AttributionSettings] = None) -> list[IGLensResult]:
+                     settings: Optional[AttributionSettings] = None,
+                     report: Optional[ReportSettings] = None) -> list[IGLensResult]:
     """IG-Lens over the generated answers of ``recording``: readouts only, no forward.
 
     Row ``r`` of the recording is ``jobs[r]``; answer token ``t`` is explained at the
@@ -158,6 +166,9 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         settings (AttributionSettings, optional): Keyword-only: ``baselines`` (the
             recording's), ``method``, ``n_steps``, ``internal_batch_size``. Default: the
             defaults.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids`
@@ -188,10 +199,11 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         recording.positions, _padded(recording.answers, n_cols), recording.mask.shape[1],
         contrast=_padded([job.foils for job in jobs], n_cols) if foils else None,
         mask=recording.mask, explained=explained)
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
     out, _ = attribute(lens.spec, source, settings=settings or AttributionSettings(),
-                       top_k=top_k)
-    return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
-                        onset_rule) for r, job in enumerate(jobs)]
+                       top_k=shown.top_k)
+    return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, shown)
+            for r, job in enumerate(jobs)]
 
 
 def _kept(job: AnswerJob) -> list[int]:
@@ -205,11 +217,12 @@ def _columns(job: AnswerJob, n_cols: int) -> list[int]:
 
 
 def _row_result(out: IGLensOutput, row: int, job: AnswerJob, n_cols: int, tokenizer: Any,
-                lens: IGLens, onset_frac: float, onset_rule: str) -> IGLensResult:
+                lens: IGLens, report: ReportSettings) -> IGLensResult:
     n_prompt, answer = len(job.rendered.ids), job.answer_ids
     keep = _kept(job)
     spec = AnswerSpec(
         prompt=job.prompt, input_ids=job.rendered.ids + answer, prompt_length=n_prompt,
         token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
-        onset_frac=onset_frac, onset_rule=onset_rule, model_name=display_name(lens.model))
+        onset_frac=report.onset_frac, onset_rule=report.onset_rule,
+        model_name=display_name(lens.model))
     return result_from_output(out, row, _columns(job, n_cols), spec, tokenizer)

@@ -32,6 +32,8 @@ from captum_iglens.settings import (
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
     AttributionSettings,
+    ReportSettings,
+    report_settings,
 )
 from captum_iglens.text.document_pass import DocumentChunk, cache_refusal, document_chunks
 from captum_iglens.text.explain_prompt import contrast_per_token
@@ -175,7 +177,8 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
                      one_pass: bool = True, *, baselines: BaselineSpec = None,
                      method: Optional[str] = None, n_steps: Optional[int] = None,
                      internal_batch_size: Optional[int] = None,
-                     settings: Optional[AttributionSettings] = None) -> IGLensResult:
+                     settings: Optional[AttributionSettings] = None,
+                     report: Optional[ReportSettings] = None) -> IGLensResult:
     """IG-Lens over the next-token predictions of ``text`` (teacher forcing).
 
     The text runs once, ``chunk`` positions per forward pass with the KV cache of the
@@ -209,6 +212,9 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
             Each of these four given replaces its field of ``settings``.
         settings (AttributionSettings, optional): Keyword-only: the attribution settings in
             one object. Default: :class:`~captum_iglens.settings.AttributionSettings`'s.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         IGLensResult: ``T`` explained positions x ``k`` layers; ``prompt`` is the text,
@@ -226,6 +232,7 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
         baselines=baselines, method=method, n_steps=n_steps,
         internal_batch_size=internal_batch_size)
     check_estimator(settings.method, settings.n_steps)  # before the text's first pass
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
     ids = render_prompt(tokenizer, text, chat_template=False).ids
     limit = context_length(lens.model)
     if limit is not None and len(ids) > limit:
@@ -239,10 +246,10 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
     # sub-layer nodes are captured by a whole forward (attribute_details): re-run
     block = lens.spec.recordable
     run = _one_pass if one_pass and refusal is None and block else _rerun
-    output = run(lens, sequence, chosen, chunk, foils, top_k, settings)
+    output = run(lens, sequence, chosen, chunk, foils, shown.top_k, settings)
     spec = AnswerSpec(prompt=text, input_ids=list(ids), prompt_length=1,
                       token_ids=[ids[p + 1] for p in chosen], positions=chosen,
-                      onset_frac=onset_frac,
-                      onset_rule=onset_rule, model_name=display_name(lens.model))
+                      onset_frac=shown.onset_frac, onset_rule=shown.onset_rule,
+                      model_name=display_name(lens.model))
     result = result_from_output(output, 0, range(len(chosen)), spec, tokenizer)
     return replace(result, extras={**result.extras, "document": True})

@@ -21,6 +21,9 @@ from captum_iglens.settings import (
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
     AttributionSettings,
+    GenerationSettings,
+    ReportSettings,
+    report_settings,
 )
 from captum_iglens.text.batched import AnswerJob, explain_recorded
 from captum_iglens.text.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
@@ -68,6 +71,7 @@ def explain_ids(
     n_steps: Optional[int] = None,
     internal_batch_size: Optional[int] = None,
     settings: Optional[AttributionSettings] = None,
+    report: Optional[ReportSettings] = None,
 ) -> IGLensResult:
     """IG-Lens over every token of ``answer_ids`` with one teacher-forced forward.
 
@@ -100,6 +104,9 @@ def explain_ids(
             in one object (its ``method``, ``n_steps``, ``baselines`` and
             ``internal_batch_size``; the lens's own units, granularity and effect decide).
             Each of the four above given replaces its field.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         IGLensResult: ``[T, k]`` credits and logit-lens levels, ``p_final``, onset layers,
@@ -130,21 +137,22 @@ def explain_ids(
     chosen = (settings or AttributionSettings()).updated(
         baselines=baselines, method=method, n_steps=n_steps,
         internal_batch_size=internal_batch_size)
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
     out, _ = attribute(lens.spec, Forward(ids, target=target, positions=positions,
-                                          contrast=foils), settings=chosen, top_k=top_k)
-    spec = answer_spec(model, prompt, prompt_ids, answer_ids, onset_frac, onset_rule)
+                                          contrast=foils), settings=chosen, top_k=shown.top_k)
+    spec = answer_spec(model, prompt, prompt_ids, answer_ids, shown)
     return result_from_output(out, 0, range(len(answer_ids)), spec, tokenizer)
 
 
 def answer_spec(model: nn.Module, prompt: str, prompt_ids: Sequence[int],
-                answer_ids: Sequence[int], onset_frac: float, onset_rule: str) -> AnswerSpec:
+                answer_ids: Sequence[int], report: ReportSettings) -> AnswerSpec:
     """What the result of one explained answer records beside its numbers."""
     n_prompt = len(prompt_ids)
     return AnswerSpec(prompt=prompt, input_ids=list(prompt_ids) + list(answer_ids),
                       prompt_length=n_prompt, token_ids=list(answer_ids),
                       positions=list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids))),
-                      onset_frac=onset_frac,
-                      onset_rule=onset_rule, model_name=display_name(model))
+                      onset_frac=report.onset_frac, onset_rule=report.onset_rule,
+                      model_name=display_name(model))
 
 
 def contrast_per_token(contrast: Any, n_tokens: int) -> list[int]:
@@ -274,10 +282,10 @@ def explain(
         internal_batch_size=internal_batch_size, units=units, granularity=granularity,
         heads=heads, effect=effect)
     lens = IGLens(model, layers=layers, **chosen.lens_options())
-    options = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
-                   chat_template=chat_template, target=target, lens=lens, top_k=top_k,
-                   onset_rule=onset_rule, template_kwargs=template_kwargs, contrast=contrast,
-                   settings=chosen)
+    options = dict(lens=lens, settings=chosen, target=target, contrast=contrast,
+                   report=ReportSettings(onset_frac, onset_rule, top_k),
+                   generation=GenerationSettings(max_new_tokens, chat_template,
+                                                 template_kwargs))
     if isinstance(prompt, str):
         return _explain_one(model, tokenizer, prompt, **options)
     prompts = list(prompt)
@@ -313,12 +321,13 @@ def foil_ids(tokenizer: Any, contrast: TargetText) -> Optional[list[int]]:
 
 
 def _explain_one(
-    model: nn.Module, tokenizer: Any, prompt: str, *, max_new_tokens: int, onset_frac: float,
-    chat_template: bool, target: TargetText, lens: IGLens, onset_rule: str,
-    template_kwargs: Optional[dict[str, Any]], top_k: int, contrast: TargetText,
-    settings: AttributionSettings,
+    model: nn.Module, tokenizer: Any, prompt: str, *, lens: IGLens,
+    settings: AttributionSettings, report: ReportSettings, generation: GenerationSettings,
+    target: TargetText, contrast: TargetText,
 ) -> IGLensResult:
-    rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
+    max_new_tokens = generation.max_new_tokens
+    rendered = render_prompt(tokenizer, prompt, generation.chat_template,
+                             generation.template_kwargs)
     foils = foil_ids(tokenizer, contrast)
     check_token_ids(torch.tensor([rendered.ids]), vocab_size(model))  # before generate
     if target is None:
@@ -331,14 +340,12 @@ def _explain_one(
         answer = recording.answers[0]
         job = AnswerJob(prompt, rendered, answer, generated=True,
                         foils=None if foils is None else contrast_per_token(foils, len(answer)))
-        result = explain_recorded(lens, tokenizer, recording, [job], onset_frac, onset_rule,
-                                  top_k, settings=settings)[0]
+        result = explain_recorded(lens, tokenizer, recording, [job], settings=settings,
+                                  report=report)[0]
         return annotate_answer(result, model, tokenizer, rendered, True, max_new_tokens)
     answer_ids, generated = _answer_ids(model, tokenizer, rendered, target, max_new_tokens)
-    result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer,
-                         onset_frac=onset_frac, prompt=prompt, lens=lens,
-                         onset_rule=onset_rule, top_k=top_k, contrast=foils,
-                         settings=settings)
+    result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer, prompt=prompt,
+                         lens=lens, contrast=foils, settings=settings, report=report)
     return annotate_answer(result, model, tokenizer, rendered, generated, max_new_tokens)
 
 

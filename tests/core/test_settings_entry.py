@@ -13,7 +13,7 @@ from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLens, explain_ids
 from captum_iglens._core.pipeline import capture_lens_path, output_from_path, readout_chunk
-from captum_iglens.settings import AttributionSettings
+from captum_iglens.settings import AttributionSettings, ReportSettings
 from captum_iglens.text.explain_prompt import annotate_answer
 from captum_iglens.text.prompts import RenderedPrompt
 
@@ -109,3 +109,17 @@ def test_annotate_answer_returns_a_new_result(lens_and_ids) -> None:
     assert (result.generated, result.max_new_tokens, result.chat_template_used) == (
         False, None, False)
 
+
+
+def test_report_settings_object_equals_the_keywords(lens_and_ids) -> None:
+    lens, _ = lens_and_ids
+    prompt, answer = [5, 9, 14, 20], [30, 31, 32]
+    by_keyword = explain_ids(lens.model, prompt, answer, lens=lens, onset_frac=0.8,
+                             onset_rule="mass", top_k=2)
+    by_object = explain_ids(lens.model, prompt, answer, lens=lens,
+                            report=ReportSettings(onset_frac=0.8, onset_rule="mass", top_k=2))
+    assert (by_object.onset_rule, by_object.onset_layers) == ("mass", by_keyword.onset_layers)
+    assert by_object.top_k_ids is not None and by_object.top_k_ids.shape[-1] == 2
+    assert torch.equal(by_keyword.top_k_ids, by_object.top_k_ids)
+    with pytest.raises(ValueError, match="report= was given together with.*top_k"):
+        explain_ids(lens.model, prompt, answer, lens=lens, top_k=3, report=ReportSettings())
