@@ -139,9 +139,11 @@ def capture_path(spec: LensSpec, request: PathRequest, *, target: TargetSpec,
                                              request.reference_ids, kwargs, {last}, device,
                                              request.mask, pos_list)
         base = ref_states[last]
-    return paths_from_states(states, dist, spec.layer_indices, pos_list, request.mask, target,
-                             contrast, baselines, request.explained, request.seq_len,
-                             request.single, base, position_ids=request.position_ids)
+    return paths_from_states(
+        states, dist, layer_indices=spec.layer_indices, positions=pos_list, mask=request.mask,
+        target=target, contrast=contrast, baselines=baselines, explained=request.explained,
+        seq_len=request.seq_len, single=request.single, base=base,
+        position_ids=request.position_ids)
 
 
 def recorded_layers(layer_indices: Sequence[int],
@@ -161,6 +163,7 @@ def recorded_layers(layer_indices: Sequence[int],
 def paths_from_states(
     states: dict[int, Tensor],
     dist: ModelDistribution,
+    *,
     layer_indices: Sequence[int],
     positions: list[int],
     mask: Optional[Tensor],
@@ -171,7 +174,6 @@ def paths_from_states(
     seq_len: int,
     single: bool = False,
     base: Optional[Tensor] = None,
-    *,
     position_ids: Optional[Tensor] = None,
 ) -> PathCapture:
     """The IG-Lens paths from residuals recorded in a forward pass (or while generating).

@@ -18,8 +18,8 @@ is attributed as a source and *how* as one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Optional, Union
+from dataclasses import replace
+from typing import Union
 
 from torch import Tensor
 
@@ -33,69 +33,17 @@ from captum_iglens._core.pipeline import (
     output_from_path,
     readout_chunk,
 )
+from captum_iglens._core.request import Forward, Recorded
 from captum_iglens._core.sublayer_path import capture_granular, sublayer_output
 from captum_iglens._core.total_effect import run_total
-from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.changes import check_unchanged
-from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
 from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_METHOD, AttributionSettings
 
 __all__ = ["Forward", "Recorded", "Source", "attribute", "check_estimator", "delta_of",
            "grid_profile", "layers_to_record"]
-
-
-@dataclass(frozen=True)
-class Forward:
-    """A teacher-forced request: the model runs over ``inputs`` (as ``IGLens.attribute``).
-
-    Attributes:
-        inputs (Tensor): ``[B, S]`` int64 token ids.
-        target: Target ids (``None``: the model's argmax at each explained position).
-        positions: The explained positions (an int drops the ``P`` axis of the result).
-        additional_forward_args: Attention mask, keyword dict or Captum-style tuple.
-        contrast: Foil ids, or ``None``.
-        explained (Tensor, optional): ``[B, P]`` bool, the pairs read out (ragged rows).
-    """
-
-    inputs: Tensor
-    target: TargetSpec = None
-    positions: PositionSpec = -1
-    additional_forward_args: Any = None
-    contrast: TargetSpec = None
-    explained: Optional[Tensor] = None
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """Residuals recorded by another pass (generation, a document chunk): no forward here.
-
-    Attributes:
-        states (dict[int, Tensor]): ``{l: h_l}``, ``[B, P, d]`` at the explained positions
-            (``[B, S, d]`` for those :func:`layers_to_record` needs whole).
-        distribution (ModelDistribution): The model's own distribution ``[B, P, V]`` there.
-        positions (list[int]): The ``P`` explained columns.
-        target: Target ids ``[B, P]``.
-        seq_len (int): ``S``.
-        contrast: Foil ids ``[B, P]``, or ``None``.
-        mask (Tensor, optional): ``[B, S]`` attention mask.
-        explained (Tensor, optional): ``[B, P]`` bool, the pairs read out.
-        start (str or Tensor, optional): The path start, in place of ``settings.baselines``
-            (a document chunk's running mean ``[1, P, d]``); ``None``: the settings'.
-        start_name (str, optional): What the output records as its baseline with ``start``.
-    """
-
-    states: dict[int, Tensor] = field(repr=False)
-    distribution: ModelDistribution = field(repr=False)
-    positions: list[int]
-    target: TargetSpec
-    seq_len: int
-    contrast: TargetSpec = None
-    mask: Optional[Tensor] = None
-    explained: Optional[Tensor] = None
-    start: BaselineSpec = None
-    start_name: Optional[str] = None
 
 
 Source = Union[Forward, Recorded]
@@ -146,16 +94,13 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
                          source.additional_forward_args, n_steps, method,
                          settings.internal_batch_size, source.positions, top_k,
                          source.contrast, source.explained)
-    chunk = readout_chunk(spec, settings.internal_batch_size)
     if spec.granularity == "sublayer":
-        return sublayer_output(spec, source.inputs, settings.baselines, source.target,
-                               source.additional_forward_args, n_steps, method, chunk,
-                               source.positions, top_k, source.contrast, source.explained)
+        return sublayer_output(spec, source, settings=settings, top_k=top_k)
     # the capture is handed over, not kept: its [B, P, V] distribution is freed after the check
     out = output_from_path(spec, capture_lens_path(
         spec, source.inputs, source.target, source.positions, settings.baselines,
         source.additional_forward_args, source.contrast, source.explained),
-        method, n_steps, chunk, top_k)
+        settings=settings, top_k=top_k)
     return out, single_position(source.positions)
 
 
@@ -167,13 +112,14 @@ def _recorded(spec: LensSpec, source: Recorded, settings: AttributionSettings,
                          "total-effect lens with one teacher-forced forward (Forward), not "
                          "from a recording.")
     start = settings.baselines if source.start is None else source.start
-    cap = paths_from_states(source.states, source.distribution, spec.layer_indices,
-                            source.positions, source.mask, source.target, source.contrast,
-                            start, source.explained, source.seq_len)
+    cap = paths_from_states(
+        source.states, source.distribution, layer_indices=spec.layer_indices,
+        positions=source.positions, mask=source.mask, target=source.target,
+        contrast=source.contrast, baselines=start, explained=source.explained,
+        seq_len=source.seq_len)
     if source.start_name is not None:
         cap = replace(cap, baseline=source.start_name)
-    chunk = readout_chunk(spec, settings.internal_batch_size)
-    return output_from_path(spec, cap, settings.method, settings.n_steps, chunk, top_k)
+    return output_from_path(spec, cap, settings=settings, top_k=top_k)
 
 
 def grid_profile(spec: LensSpec, source: Forward, *, settings: AttributionSettings) -> Tensor:
@@ -187,8 +133,7 @@ def grid_profile(spec: LensSpec, source: Forward, *, settings: AttributionSettin
         ValueError: ``n_steps < 1``; and as :func:`attribute`.
     """
     check_estimator(DEFAULT_METHOD, settings.n_steps)  # a grid of n_steps >= 1 points
-    cap = capture_granular(spec, source.inputs, source.target, source.positions,
-                           settings.baselines, source.additional_forward_args, source.contrast)
+    cap = capture_granular(spec, source, baselines=settings.baselines)
     path = replace(cap.path, log=spec.units == "log-probability")
     return grid_probs(spec.readout, path, settings.n_steps,
                       readout_chunk(spec, settings.internal_batch_size))

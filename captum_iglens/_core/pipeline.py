@@ -29,6 +29,7 @@ from captum_iglens.lens.readout_check import check_distribution_errors, check_re
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_dtype
 from captum_iglens.results import IGLensOutput
+from captum_iglens.settings import AttributionSettings
 
 __all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
            "convergence_delta", "delta_of", "output_from_path", "readout_chunk"]
@@ -78,12 +79,12 @@ def _spread(flat: Optional[Tensor], explained: Tensor, fill: float) -> Optional[
     return out
 
 
-def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, chunk: int,
+def _ragged_output(spec: LensSpec, cap: PathCapture, *, settings: AttributionSettings,
                    top_k: int) -> IGLensOutput:
     """Only ``cap.explained`` pairs read out; the others hold NaN (ids: -1)."""
     mask = cap.explained
     assert mask is not None
-    flat = output_from_path(spec, cap.select(mask), method, n_steps, chunk, top_k)
+    flat = output_from_path(spec, cap.select(mask), settings=settings, top_k=top_k)
     nan = float("nan")
     return replace(
         flat,
@@ -101,8 +102,8 @@ def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, 
     )
 
 
-def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int,
-                     chunk: int, top_k: int = 0) -> IGLensOutput:
+def output_from_path(spec: LensSpec, cap: PathCapture, *, settings: AttributionSettings,
+                     top_k: int = 0) -> IGLensOutput:
     """Read out ``cap``'s path, check Invariant R, run the estimator, package the output.
 
     With ``cap.explained`` (a ragged batch), only those (row, position) pairs are read out
@@ -112,10 +113,11 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
     Args:
         spec (LensSpec): The lens (its model, readout, layers, units and
             whether the readout is checked).
-        cap (PathCapture): The captured path (:func:`~captum_iglens._core.capture.capture_path`).
-        method (str): The estimator, checked with :func:`check_estimator`.
-        n_steps (int): Its steps per segment.
-        chunk (int): Readout rows per chunk.
+        cap (PathCapture): The captured path (:func:`~captum_iglens._core.capture.capture_path`);
+            not changed.
+        settings (AttributionSettings): Keyword-only: the estimator (``method``, checked
+            with :func:`check_estimator`), its ``n_steps`` and the readout chunk
+            (``internal_batch_size``); the baseline is the capture's.
         top_k (int, optional): Record the logit lens's top ``top_k`` tokens. Default: 0.
 
     Returns:
@@ -125,7 +127,9 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         ReadoutMismatchError: the readout does not reproduce the model (Invariant R).
     """
     if cap.explained is not None:
-        return _ragged_output(spec, cap, method, n_steps, chunk, top_k)
+        return _ragged_output(spec, cap, settings=settings, top_k=top_k)
+    method, n_steps = settings.method, settings.n_steps
+    chunk = readout_chunk(spec, settings.internal_batch_size)
     readout = spec.readout
     path = replace(cap.path, log=spec.units == "log-probability")
     # the model's [B, P, V] distribution is not needed past the check: a capture handed

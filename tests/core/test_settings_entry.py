@@ -12,7 +12,7 @@ from conftest import make_tiny
 from tiny_tokenizer import word_tokenizer
 
 from captum_iglens import IGLens, explain_ids
-from captum_iglens._core.pipeline import capture_lens_path, output_from_path, readout_chunk
+from captum_iglens._core.pipeline import capture_lens_path, output_from_path
 from captum_iglens.settings import AttributionSettings, ReportSettings
 from captum_iglens.text.explain_prompt import annotate_answer
 from captum_iglens.text.prompts import RenderedPrompt
@@ -78,8 +78,7 @@ def test_output_from_path_leaves_the_capture_unchanged(lens_and_ids) -> None:
         "model_probs": cap.model_probs.clone(), "argmax": cap.model_argmax.clone(),
         "log_probs": cap.reference.log_probs.clone(),
     }
-    out = output_from_path(lens.spec, cap, "prediction_aware", 50,
-                           readout_chunk(lens.spec, None), top_k=2)
+    out = output_from_path(lens.spec, cap, settings=AttributionSettings(), top_k=2)
     assert cap.reference is not None  # the distribution is still the capture's
     after = {
         "nodes": cap.path.nodes, "target": cap.path.target, "model_probs": cap.model_probs,
