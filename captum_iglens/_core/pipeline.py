@@ -143,7 +143,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, *, settings: AttributionS
     name = getattr(readout, "name", "") or type(spec.model).__name__
     check_readout(readout, probs, cap.model_probs, model_dtype(spec.model), name,
                   verify=spec.check_readout, final=nodes.final)
-    if checked:
+    if checked and dist is not None and nodes.errors is not None:
         check_distribution_errors(nodes.errors, dist, model_dtype(spec.model),
                                   path.nodes.shape[-1], name)
     del dist

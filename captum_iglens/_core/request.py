@@ -154,7 +154,7 @@ class Recorded:
     contrast: TargetSpec = None
     mask: Optional[Tensor] = None
     explained: Optional[Tensor] = None
-    start: BaselineSpec = None
+    start: Optional[BaselineSpec] = None
     start_name: Optional[str] = None
 
 

@@ -66,7 +66,7 @@ def explain_ids(
     top_k: int = 0,
     contrast: Optional[Sequence[int]] = None,
     *,
-    baselines: BaselineSpec = None,
+    baselines: Optional[BaselineSpec] = None,
     method: Optional[str] = None,
     n_steps: Optional[int] = None,
     internal_batch_size: Optional[int] = None,
@@ -189,7 +189,7 @@ def explain(
     heads: Optional[bool] = None,
     effect: Optional[str] = None,
     *,
-    baselines: BaselineSpec = None,
+    baselines: Optional[BaselineSpec] = None,
     method: Optional[str] = None,
     n_steps: Optional[int] = None,
     internal_batch_size: Optional[int] = None,
@@ -282,16 +282,19 @@ def explain(
         internal_batch_size=internal_batch_size, units=units, granularity=granularity,
         heads=heads, effect=effect)
     lens = IGLens(model, layers=layers, **chosen.lens_options())
-    options = dict(lens=lens, settings=chosen, target=target, contrast=contrast,
-                   report=ReportSettings(onset_frac, onset_rule, top_k),
-                   generation=GenerationSettings(max_new_tokens, chat_template,
-                                                 template_kwargs))
+    report = ReportSettings(onset_frac, onset_rule, top_k)
+    generation = GenerationSettings(max_new_tokens, chat_template, template_kwargs)
+
+    def one(text: str) -> IGLensResult:
+        return _explain_one(model, tokenizer, text, lens=lens, settings=chosen, report=report,
+                            generation=generation, target=target, contrast=contrast)
+
     if isinstance(prompt, str):
-        return _explain_one(model, tokenizer, prompt, **options)
+        return one(prompt)
     prompts = list(prompt)
     if not prompts:
         raise ValueError("No prompts given.")
-    return [_explain_one(model, tokenizer, p, **options) for p in prompts]
+    return [one(p) for p in prompts]
 
 
 def _answer_ids(
