@@ -169,7 +169,7 @@ class IGLens(GradientAttribution):
     @check_readout.setter
     def check_readout(self, value: bool) -> None:
         self.spec = replace(self.spec, check_readout=bool(value))
-    # ------------------------------------------------------------------ public API
+
     @overload
     def attribute(
         self, inputs: Tensor, baselines: BaselineSpec = ..., target: TargetSpec = ...,
@@ -393,9 +393,7 @@ class IGLens(GradientAttribution):
                      rule: str = DEFAULT_ONSET_RULE) -> Tensor:
         """Onset layer ``L*`` of ``attributions [..., k]``: ``[...]`` int64 ``node_indices``.
 
-        ``rule``: ``"sustained"`` (default: the first layer from which the cumulative credit
-        stays at or beyond ``frac * delta_p``, ``frac`` in ``(0, 1]``, default 0.5) or
-        ``"mass"`` (the first holding ``frac`` of the cumulative ``|credit|``); see
-        :func:`~captum_iglens.onset_layer_indices`.
+        ``rule``: ``"sustained"`` (default; cumulative credit at or past ``frac * delta_p``
+        from there on, ``frac`` default 0.5) or ``"mass"`` (see ``onset_layer_indices``).
         """
         return onset_layer_indices(attributions, self.node_indices, frac, rule)
