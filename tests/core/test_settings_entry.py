@@ -107,6 +107,8 @@ def test_annotate_answer_returns_a_new_result(lens_and_ids) -> None:
     # the result given is not changed
     assert (result.generated, result.max_new_tokens, result.chat_template_used) == (
         False, None, False)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # results are built complete
+        result.generated = True  # type: ignore[misc]
 
 
 
