@@ -6,6 +6,7 @@ via Telescoping Integrated Gradients", arXiv:2606.29693 (2026).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Literal, Optional, Union, overload
 
 from captum.attr import GradientAttribution
@@ -13,16 +14,10 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_iglens._core.baselines import BASELINES
-from captum_iglens._core.estimators import (
-    METHODS,
-)
-from captum_iglens._core.inputs import check_top_k
-from captum_iglens._core.lens_views import LensViews
-from captum_iglens._core.pipeline import delta_of, run_lens
-from captum_iglens._core.sublayer_path import run_granular
-from captum_iglens._core.total_effect import run_total
+from captum_iglens._core.entry import Forward, attribute, delta_of, grid_profile
+from captum_iglens._core.estimators import METHODS
+from captum_iglens._core.onset import onset_layer_indices
 from captum_iglens._utils.typing import BaselineSpec, LayerSpec, PositionSpec, TargetSpec
-from captum_iglens.lens.changes import check_unchanged
 from captum_iglens.lens.layer_readout import LayerReadout
 from captum_iglens.lens.readout import ReadoutMismatchError
 from captum_iglens.lens.spec import LensSpec
@@ -33,13 +28,22 @@ from captum_iglens.settings import (
     DEFAULT_GRANULARITY,
     DEFAULT_METHOD,
     DEFAULT_N_STEPS,
+    DEFAULT_ONSET_FRAC,
+    DEFAULT_ONSET_RULE,
     DEFAULT_UNITS,
+    AttributionSettings,
+    call_settings,
 )
 
 __all__ = ["BASELINES", "METHODS", "IGLens", "IGLensOutput", "ReadoutMismatchError"]
 
 
-class IGLens(LensViews, GradientAttribution):
+def _spec_view(name: str, doc: str) -> property:
+    """A read-only property showing the lens's ``spec.<name>``."""
+    return property(lambda self: getattr(self.spec, name), doc=doc)
+
+
+class IGLens(GradientAttribution):
     r"""IG-Lens attributes the probability of a predicted token to the decoder layers.
 
     For chosen hidden-state indices ``0 <= L_1 < ... < L_k = n`` and a baseline ``b`` in
@@ -56,16 +60,12 @@ class IGLens(LensViews, GradientAttribution):
     Captum's LayerIntegratedGradients gives every layer its own baseline; its per-layer
     totals do not add up this way.
 
-    What IG-Lens measures is a conditional marginal: the extra probability that the final
-    norm and unembedding can read out of ``h_L`` beyond the previous chosen layer. It is not
-    the total causal effect of block ``L`` through the blocks above it; ablating the block
-    measures that, and ``effect="total"`` splits it exactly (``effect="atp"``: attribution
-    patching's first-order estimate).
-
+    What IG-Lens measures is a conditional marginal: the extra probability the final norm and
+    unembedding read out of ``h_L`` beyond the previous chosen layer, not block ``L``'s total
+    causal effect (ablation measures that; ``effect="total"`` splits it exactly).
     The default estimator, ``"prediction_aware"`` (IDGI-style), credits each segment its
-    observed change in ``f``: the whole token x layer map costs ``T * (k + 1)`` readouts and
-    no backward pass. The gradient estimators (Captum's ``riemann_*`` and ``gausslegendre``)
-    are the paper's reference variant; their convergence delta is the discretisation error.
+    observed change in ``f`` (``T * (k + 1)`` readouts, no backward pass); the gradient
+    estimators (Captum's ``riemann_*``, ``gausslegendre``) are the paper's reference variant.
 
     Examples::
 
@@ -109,58 +109,34 @@ class IGLens(LensViews, GradientAttribution):
                 :func:`~captum_iglens.lens.architectures.resolve_layout` does not know.
             check_readout (bool, optional): Verify on every call that the readout of the
                 last block's residual is the model's own probability (default True).
-            units (str, optional): The readout ``f`` that is decomposed: ``"probability"``
-                (default, the paper's) or ``"log-probability"`` (nats). The telescoping holds
-                for any scalar readout of ``h``; credits, levels and deltas are then in nats.
+            units (str, optional): The readout ``f`` decomposed: ``"probability"`` (default,
+                the paper's) or ``"log-probability"`` (credits, levels and deltas in nats).
             granularity (str, optional): ``"block"`` (default: one path node ``h_L`` per
                 chosen block) or ``"sublayer"``: every chosen block ``L >= 1`` becomes two
-                nodes, ``L.attn`` (the residual after its attention, before its MLP) and
-                ``L.mlp`` (``h_L``), so the path is ``b -> L_1.attn -> h_{L_1} -> L_2.attn
-                -> ...`` and the credits are ``[B, P, 2k]`` (``2k - 1`` with the embedding,
-                which stays one node), named ``"L3.attn"``, ``"L3.mlp"``. The attention and
-                MLP credits of a block add up to its block-granularity credit and all of them
-                to ``delta_p`` (Proposition 1 of arXiv:2606.29693 on a finer path). When the
-                chosen layers skip blocks, the segment before ``L.attn`` spans the blocks in
-                between too. Costs about twice the readouts of ``"block"``.
+                nodes, ``L.attn`` (after its attention, before its MLP) and ``L.mlp``
+                (``h_L``); credits ``[B, P, 2k]`` (``2k - 1`` with the embedding), named
+                ``"L3.attn"``, ``"L3.mlp"``, a block's two adding up to its block credit
+                (Proposition 1 of arXiv:2606.29693 on a finer path). About twice the readouts.
             heads (bool, optional): With ``granularity="sublayer"``, also split each
-                attention credit over the heads (:mod:`captum_iglens._core.heads`: each grid step's
-                observed change in ``f`` shared in proportion to ``grad f . c_h``; exact at any
-                ``n_steps``; one backward pass per step, ``n_steps + 1`` steps per attention
-                segment). ``attribute_details`` then fills ``head_credits`` and
-                ``head_rest``. Llama-like families only. Default: False.
+                attention credit over the heads (:mod:`captum_iglens._core.heads`, exact at
+                any ``n_steps``, one backward per step): ``attribute_details`` then fills
+                ``head_credits`` and ``head_rest``. Llama-like families only. Default: False.
             effect (str, optional): What a credit measures. ``"readout"`` (default, the
                 paper's: what the final norm and unembedding read out of ``h_L`` beyond the
-                previous chosen layer). ``"total"``: each chosen block's exact share of the
-                change of the model's own ``p(y)`` at the explained position ``i`` when every
-                chosen block's update there goes to its reference: gates
-                ``h_L[i] = h_{L-1}[i] + r_L + g_L (u_L[i] - r_L)`` (``u_L`` computed from the
-                gated stream) integrated along ``g = a * 1``; the credits add up to
-                ``F(1) - F(0)``. ``baselines`` then names the reference ``r_L``: ``"mean"``
-                (the causal running mean of the update over the earlier positions of the
-                document, its first position left out), ``"zero"`` (``F(0) = f(h_0[i])`` with
-                every block chosen) or reference token ids (their update at ``i``); and
-                ``method`` the estimator (``"prediction_aware"``: each step's observed change
-                split among the blocks, exact at any ``n_steps``; Captum's rules: integrated
-                gradients with a discretisation error). ``"atp"``: attribution patching's
-                first-order estimate ``grad_{h_L[i]} F . (u_L[i] - r_L)`` per block (one
-                backward per position), reported with its gap to ``delta_p``: not a
-                decomposition. See :mod:`captum_iglens._core.total_effect`. Decoder blocks
-                only (no embedding); with ``granularity="sublayer"`` each sequential
-                block's attention and MLP updates are gated separately (``2k`` credits,
-                :mod:`captum_iglens._core.sublayer_gates`); no head gates yet.
-            lens (LayerReadout, optional): A per-layer readout ``lens(h, layer) -> logits``
-                (block nodes; see :mod:`captum_iglens.lens.layer_readout`, and ``lens_change``
-                of :class:`IGLensOutput`). Default: None (the logit lens).
+                previous chosen layer); ``"total"``: each chosen block's exact share of the
+                change of ``p(y)`` when every chosen update at the explained position goes to
+                its reference (``baselines``: ``"mean"``, ``"zero"`` or reference ids), adding
+                up to ``F(1) - F(0)``; ``"atp"``: attribution patching (not additive). See
+                :mod:`captum_iglens._core.total_effect` (sub-layer and head gates too).
+            lens (LayerReadout, optional): Per-layer readout (:mod:`captum_iglens.lens.layer_readout`).
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
-            ValueError: a layer out of range, given twice, or not a decoder block; an
-                unknown ``granularity`` or ``effect``; ``heads=True`` without
-                ``granularity="sublayer"``.
+            ValueError: a layer out of range, given twice, or not a decoder block; an unknown
+                ``granularity`` or ``effect``; ``heads=True`` without sub-layers.
             TypeError: a layer of another type (e.g. a string other than ``"all"``).
-            SublayerUnsupportedError: ``granularity="sublayer"`` (or ``heads=True``) for a
-                family whose half-block residual (or head split) is not known; the message
-                names the family and what to use instead.
+            SublayerUnsupportedError: sub-layers (or heads) for a family whose half-block
+                residual (or head split) is not known, naming what to use instead.
         """
         self.spec = LensSpec.from_model(model, layers, readout, decoder_blocks, check_readout,
                                         units, granularity, heads, effect, lens)
@@ -171,21 +147,36 @@ class IGLens(LensViews, GradientAttribution):
         """``"IG-Lens"``."""
         return "IG-Lens"
 
-    @property
-    def _run(self) -> Callable[..., tuple[IGLensOutput, bool]]:
-        """The pipeline of this effect and granularity (block readout: every release's)."""
-        if self.spec.effect != DEFAULT_EFFECT:
-            return run_total
-        return run_lens if self.granularity == "block" else run_granular
+    # The lens's parts and settings, read from its frozen LensSpec (lens/spec.py).
+    model = _spec_view("model", "The causal LM (wrappers stripped).")
+    decoder_blocks = _spec_view("decoder_blocks", "Its decoder blocks.")
+    readout = _spec_view("readout", "Residual ``[..., d]`` -> logits ``[..., V]``.")
+    layer_indices = _spec_view("layer_indices", "The chosen indices ``L_1 < ... < L_k = n``.")
+    units = _spec_view("units", "The decomposed readout's units.")
+    granularity = _spec_view("granularity", "``block`` or ``sublayer``.")
+    effect = _spec_view("effect", "``readout``, ``total`` or ``atp``.")
+    heads = _spec_view("heads", "Per-head attention credits.")
+    half_site = _spec_view("half_site", "Where ``L.attn`` lives.")
+    head_site = _spec_view("head_site", "Where the heads meet.")
+    num_layers = _spec_view("num_layers", "``n``, the decoder blocks.")
+    node_indices = _spec_view("node_indices", "The credited nodes (sub-layers: ``2L - 1, 2L``).")
 
-    # ------------------------------------------------------------------ public API
+    @property
+    def check_readout(self) -> bool:
+        """Check on every call that the readout of ``h_n`` is the model's distribution."""
+        return self.spec.check_readout
+
+    @check_readout.setter
+    def check_readout(self, value: bool) -> None:
+        self.spec = replace(self.spec, check_readout=bool(value))
+
     @overload
     def attribute(
         self, inputs: Tensor, baselines: BaselineSpec = ..., target: TargetSpec = ...,
         additional_forward_args: Any = ..., n_steps: int = ..., method: str = ...,
         internal_batch_size: Optional[int] = ..., *,
         return_convergence_delta: Literal[True], positions: PositionSpec = ...,
-        contrast: TargetSpec = ...,
+        contrast: TargetSpec = ..., settings: Optional[AttributionSettings] = ...,
     ) -> tuple[Tensor, Tensor]: ...
 
     @overload
@@ -194,7 +185,7 @@ class IGLens(LensViews, GradientAttribution):
         additional_forward_args: Any = ..., n_steps: int = ..., method: str = ...,
         internal_batch_size: Optional[int] = ...,
         return_convergence_delta: Literal[False] = ..., *, positions: PositionSpec = ...,
-        contrast: TargetSpec = ...,
+        contrast: TargetSpec = ..., settings: Optional[AttributionSettings] = ...,
     ) -> Tensor: ...
 
     @log_usage()
@@ -211,6 +202,7 @@ class IGLens(LensViews, GradientAttribution):
         *,
         positions: PositionSpec = -1,
         contrast: TargetSpec = None,
+        settings: Optional[AttributionSettings] = None,
     ) -> Union[Tensor, tuple[Tensor, Tensor]]:
         r"""Attribute the target token's probability to the chosen decoder layers.
 
@@ -235,11 +227,9 @@ class IGLens(LensViews, GradientAttribution):
                 model's argmax next token at each explained position.
             additional_forward_args (Tensor, tuple or dict, optional): An attention mask
                 ``[B, S]``, a dict of keyword arguments, or a Captum-style tuple whose first
-                element is the attention mask, for every family (GPT-2, Bloom, Falcon and
-                GPT-J included, whose second forward parameter is the KV cache); further
-                elements follow the forward's parameters after ``input_ids`` with
-                ``attention_mask`` left out. With a mask, ``position_ids`` are derived from
-                it for models that take them (left padding).
+                element is the attention mask (every family); further elements follow the
+                forward's parameters after ``input_ids``, ``attention_mask`` left out. With a
+                mask, ``position_ids`` are derived from it (left padding).
             n_steps (int, optional): Steps per segment for the gradient estimators (>= 2).
                 The prediction-aware credits do not depend on it. Default: 50.
             method (str, optional): ``"prediction_aware"`` (default, exact, no backward pass)
@@ -256,6 +246,10 @@ class IGLens(LensViews, GradientAttribution):
                 ``F = p(y) - p(foil)`` ("why y rather than the foil"; with
                 ``units="log-probability"``, ``log p(y) - log p(foil)`` in nats, the logit
                 difference), and the credits add up to the change of ``F``. Default: None.
+            settings (AttributionSettings, optional): Keyword-only: ``baselines``,
+                ``n_steps``, ``method`` and ``internal_batch_size`` in one object
+                (:class:`~captum_iglens.settings.AttributionSettings`), instead of those
+                arguments (given both, ``ValueError``). Default: None.
 
         Returns:
             **attributions** or 2-element tuple of **attributions**, **delta**:
@@ -287,22 +281,17 @@ class IGLens(LensViews, GradientAttribution):
             >>> attr = lens.attribute(ids, ref, target)    # adds up to F(x) - F(x')
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
-        check_unchanged(self.spec)
-        out, single = self._run(
-            self.spec, inputs, baselines, target, additional_forward_args, n_steps, method,
-            internal_batch_size, positions, contrast=contrast,
-        )
+        chosen = call_settings(settings, baselines=baselines, n_steps=n_steps, method=method,
+                               internal_batch_size=internal_batch_size)
+        source = Forward(inputs, target, positions, additional_forward_args, contrast)
+        out, single = attribute(self.spec, source, settings=chosen)
         attributions, delta = out.attributions, out.convergence_delta
         if single:
             attributions, delta = attributions[:, 0], delta[:, 0]
         return (attributions, delta) if return_convergence_delta else attributions
 
     def attribute_future(self) -> Callable:
-        """Not implemented for IG-Lens (as for Captum's layer methods).
-
-        Raises:
-            NotImplementedError: always.
-        """
+        """Not implemented for IG-Lens (as for Captum's layer methods): NotImplementedError."""
         raise NotImplementedError("attribute_future is not implemented for IGLens")
 
     def attribute_details(
@@ -319,33 +308,29 @@ class IGLens(LensViews, GradientAttribution):
         top_k: int = 0,
         contrast: TargetSpec = None,
         explained: Optional[Tensor] = None,
+        settings: Optional[AttributionSettings] = None,
     ) -> IGLensOutput:
         """Like :meth:`attribute`, returning an :class:`~captum_iglens.results.IGLensOutput`.
 
-        It holds the credits, the logit-lens probabilities, ``p_final``, ``p_baseline``, the
-        targets (and foils, ``out.contrast``) and the delta, all with the ``P`` dimension
-        kept; with ``contrast`` the levels are values of ``F = p(y) - p(foil)``. Same
-        arguments and errors as :meth:`attribute`, plus ``top_k`` (keyword-only): the logit
-        lens's ``top_k`` most probable tokens at each chosen layer (``out.top_k_ids`` /
-        ``out.top_k_probs``, ``[B, P, k, top_k]``; always probabilities; default 0, none),
-        and ``explained`` (keyword-only): a ``[B, P]`` bool tensor for a ragged batch, rows
-        whose answers have other lengths. Only the True (row, position) pairs are read out
-        (the readouts are most of the cost) and checked; the others may be padding, their
-        credits, levels, ``p_final``, ``p_baseline`` and delta are NaN and their
-        ``model_argmax`` and ``top_k_ids`` -1. Default ``None``: every pair.
+        It holds the credits, the logit-lens levels, ``p_final``, ``p_baseline``, the targets
+        (and foils), the delta, ``method`` and ``n_steps``, the ``P`` dimension kept. Same
+        arguments and errors as :meth:`attribute`, plus (keyword-only) ``top_k``: the logit
+        lens's ``top_k`` most probable tokens per chosen layer (``out.top_k_ids`` /
+        ``out.top_k_probs``, ``[B, P, k, top_k]``, probabilities; default 0) and
+        ``explained``: a ``[B, P]`` bool tensor for a ragged batch; only its True pairs are
+        read out and checked, the others' credits, levels, ``p_final``, ``p_baseline`` and
+        delta are NaN, their ``model_argmax`` and ``top_k_ids`` -1 (default ``None``: all).
 
         Raises:
             ValueError: ``top_k`` negative or above the vocabulary, ``explained`` not
                 ``[B, P]`` or all False; and as :meth:`attribute`.
             TypeError: ``explained`` not a bool tensor.
         """
-        check_top_k(top_k, self.spec.vocab_size)
-        check_unchanged(self.spec)
-        out, _ = self._run(
-            self.spec, inputs, baselines, target, additional_forward_args, n_steps, method,
-            internal_batch_size, positions, int(top_k), contrast, explained,
-        )
-        return out
+        chosen = call_settings(settings, baselines=baselines, n_steps=n_steps, method=method,
+                               internal_batch_size=internal_batch_size)
+        source = Forward(inputs, target, positions, additional_forward_args, contrast,
+                         explained)
+        return attribute(self.spec, source, settings=chosen, top_k=top_k)[0]
 
     def has_convergence_delta(self) -> bool:
         """True: the delta is ``sum of credits - delta_p`` per explained prediction."""
@@ -368,16 +353,9 @@ class IGLens(LensViews, GradientAttribution):
 
         Captum's argument order: ``start_point`` is the baseline, ``end_point`` the inputs.
 
-        Args:
-            attributions (Tensor): ``[B, k]`` or ``[B, P, k]`` from :meth:`attribute`.
-            start_point (str or Tensor, optional): ``baselines`` as passed to
-                :meth:`attribute` (``None``: ``"mean"``).
-            end_point (Tensor): ``inputs`` as passed to :meth:`attribute`.
-            target: As passed to :meth:`attribute`.
-            additional_forward_args: As passed to :meth:`attribute`.
-            positions: As passed to :meth:`attribute`.
-            internal_batch_size: As passed to :meth:`attribute`.
-            contrast: As passed to :meth:`attribute` (``f`` is then ``F``).
+        ``attributions`` (``[B, k]`` or ``[B, P, k]``) from :meth:`attribute`; the other
+        arguments as passed to it (``start_point`` ``None``: ``"mean"``; with ``contrast``,
+        ``f`` is ``F``).
 
         Returns:
             Tensor: ``[B]`` or ``[B, P]``, in the units of ``f``.
@@ -386,8 +364,36 @@ class IGLens(LensViews, GradientAttribution):
             ValueError: ``attributions`` of another shape; and as :meth:`attribute`.
         """
         base = DEFAULT_BASELINE if start_point is None else start_point
-        check_unchanged(self.spec)
-        out, single = self._run(self.spec, end_point, base, target, additional_forward_args, 2,
-                                DEFAULT_METHOD, internal_batch_size, positions,
-                                contrast=contrast)
+        ends = AttributionSettings(baselines=base, n_steps=2,  # the path's ends only
+                                   internal_batch_size=internal_batch_size)
+        source = Forward(end_point, target, positions, additional_forward_args, contrast)
+        out, single = attribute(self.spec, source, settings=ends)
         return delta_of(attributions, out, single)
+
+    def path_probabilities(
+        self, inputs: Tensor, baselines: BaselineSpec = DEFAULT_BASELINE,
+        target: TargetSpec = None, additional_forward_args: Any = None,
+        n_steps: int = DEFAULT_N_STEPS, internal_batch_size: Optional[int] = None, *,
+        positions: PositionSpec = -1, contrast: TargetSpec = None,
+    ) -> Tensor:
+        """``f`` at ``n_steps + 1`` uniform points of each segment: ``[B, P, k, n_steps + 1]``.
+
+        In the lens's units (float32; with ``contrast``, ``F = f_y - f_foil``): point ``s`` of
+        segment ``j`` at ``h_{L_{j-1}} + s / n_steps * (h_{L_j} - h_{L_{j-1}})``; its observed
+        changes sum to the prediction-aware credits (``T * k * (n_steps + 1)`` readouts,
+        :func:`~captum_iglens._core.entry.grid_profile`). Raises ``ValueError`` for
+        ``n_steps < 1`` and as :meth:`attribute`.
+        """
+        grid = AttributionSettings(baselines=baselines, n_steps=n_steps,
+                                   internal_batch_size=internal_batch_size)
+        source = Forward(inputs, target, positions, additional_forward_args, contrast)
+        return grid_profile(self.spec, source, settings=grid)
+
+    def onset_layers(self, attributions: Tensor, frac: float = DEFAULT_ONSET_FRAC,
+                     rule: str = DEFAULT_ONSET_RULE) -> Tensor:
+        """Onset layer ``L*`` of ``attributions [..., k]``: ``[...]`` int64 ``node_indices``.
+
+        ``rule``: ``"sustained"`` (default; cumulative credit at or past ``frac * delta_p``
+        from there on, ``frac`` default 0.5) or ``"mass"`` (see ``onset_layer_indices``).
+        """
+        return onset_layer_indices(attributions, self.node_indices, frac, rule)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping, Optional
 
 __all__ = [
     "BASELINES",
@@ -46,6 +46,9 @@ __all__ = [
     "AttributionSettings",
     "GenerationSettings",
     "ReportSettings",
+    "call_settings",
+    "report_settings",
+    "settings_from_record",
 ]
 
 #: The exact estimator: each segment credited its observed change in ``f`` (no backward).
@@ -150,26 +153,63 @@ DEFAULT_N_BOOT = 1000
 
 @dataclass(frozen=True)
 class AttributionSettings:
-    """What is decomposed, and how.
+    """What is decomposed, and how: every setting of one attribution, in one object.
+
+    Built once where a user's keyword arguments (or the CLI's options) enter the package,
+    then passed whole: ``IGLens.attribute(..., settings=...)``, ``explain``, the document
+    and batched paths, ``iglens run`` and the validation take it. ``method`` and
+    ``n_steps`` are checked against the estimator registry where the computation starts
+    (:func:`captum_iglens._core.entry.attribute`), the one place that knows every
+    registered estimator (and the lens checks ``units``, ``granularity``, ``effect``).
 
     Attributes:
-        method (str): One of :data:`METHODS`. Default: ``"prediction_aware"`` (exact).
+        method (str): One of :data:`METHODS` (or a registered estimator). Default:
+            ``"prediction_aware"`` (exact).
         n_steps (int): Steps per segment for the gradient estimators. Default: 50.
         baselines (str or Tensor): Where the path starts. Default: ``"mean"``.
-        units (str): One of :data:`UNITS`. Default: ``"probability"``.
+        units (str): One of :data:`UNITS`. Default: ``"probability"`` (a lens's own units
+            decide in :meth:`~captum_iglens.IGLens.attribute`; ``explain`` builds its lens
+            with these).
         internal_batch_size (int, optional): Readout rows per chunk (memory, not numbers).
+        granularity (str): One of :data:`GRANULARITIES` (the lens ``explain`` builds).
+        effect (str): One of :data:`EFFECTS` (the lens ``explain`` builds).
+        heads (bool): Per-head attention credits (the lens ``explain`` builds).
     """
 
     method: str = DEFAULT_METHOD
     n_steps: int = DEFAULT_N_STEPS
-    baselines: Any = DEFAULT_BASELINE
+    baselines: Any = field(default=DEFAULT_BASELINE, compare=False)
     units: str = DEFAULT_UNITS
     internal_batch_size: Optional[int] = None
+    granularity: str = DEFAULT_GRANULARITY
+    effect: str = DEFAULT_EFFECT
+    heads: bool = False
 
-    def attribute_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :meth:`~captum_iglens.IGLens.attribute` they set."""
-        return {"method": self.method, "n_steps": self.n_steps, "baselines": self.baselines,
-                "internal_batch_size": self.internal_batch_size}
+    def updated(self, **given: Any) -> AttributionSettings:
+        """These settings with each keyword that is not ``None`` in place of its field.
+
+        The public functions take their keyword arguments (``n_steps=...``) this way: a
+        keyword given wins over ``settings``; one left at ``None`` keeps its field.
+        """
+        changed = {name: value for name, value in given.items() if value is not None}
+        return replace(self, **changed) if changed else self
+
+    def lens_options(self) -> dict[str, Any]:
+        """The :class:`~captum_iglens.IGLens` keyword arguments these settings fix."""
+        return {"units": self.units, "granularity": self.granularity, "effect": self.effect,
+                "heads": self.heads}
+
+
+def settings_from_record(record: Mapping[str, Any]) -> AttributionSettings:
+    """The settings a results line (or run fingerprint) records; a missing key, its default.
+
+    Lines written before a setting existed hold no key for it: they were made with its
+    default, which this reads from :class:`AttributionSettings` (the one place it is
+    written). Keys that are ``None`` count as missing.
+    """
+    names = {f.name for f in fields(AttributionSettings)}
+    given = {k: v for k, v in record.items() if k in names and v is not None}
+    return AttributionSettings(**given)
 
 
 @dataclass(frozen=True)
@@ -200,3 +240,39 @@ class GenerationSettings:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     chat_template: bool = True
     template_kwargs: Optional[dict[str, Any]] = field(default=None, hash=False)
+
+
+def call_settings(settings: Optional[AttributionSettings], **given: Any) -> AttributionSettings:
+    """The settings of a Captum-style call: ``settings``, or its keyword arguments.
+
+    ``IGLens.attribute`` keeps Captum's positional arguments (``baselines``, ``n_steps``,
+    ``method``, ``internal_batch_size``) with their defaults; ``settings=`` gives them in
+    one object instead. Both at once would leave one of them unread, so it is refused.
+
+    Raises:
+        ValueError: ``settings`` together with any of ``given`` away from its default.
+    """
+    return _one_of(settings, AttributionSettings, "settings", given)
+
+
+def report_settings(report: Optional[ReportSettings], **given: Any) -> ReportSettings:
+    """``report``, or the :class:`ReportSettings` of ``onset_frac``, ``onset_rule``, ``top_k``.
+
+    Raises:
+        ValueError: ``report`` together with any of ``given`` away from its default.
+    """
+    return _one_of(report, ReportSettings, "report", given)
+
+
+def _one_of(chosen: Any, kind: type, name: str, given: dict[str, Any]) -> Any:
+    """``chosen`` when given (then every keyword must be at its default), else ``kind(**given)``."""
+    if chosen is None:
+        return kind(**given)
+    defaults = kind()
+    moved = [key for key, value in given.items()
+             if not (isinstance(value, (str, int, float, type(None)))
+                     and value == getattr(defaults, key))]
+    if moved:
+        raise ValueError(f"{name}= was given together with {moved}: put them in the "
+                         f"{name} (dataclasses.replace({name}, ...)) or pass them alone.")
+    return chosen

@@ -26,9 +26,9 @@ from captum_iglens.lens.spec import LensSpec
 __all__ = ["PathCapture", "capture_path", "paths_from_states", "recorded_layers"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class PathCapture:
-    """The IG-Lens paths of one forward pass.
+    """The IG-Lens paths of one forward pass (frozen: stages build new ones with ``replace``).
 
     Attributes:
         path (PathNodes): nodes ``[B, P, k + 1, d]`` (baseline first), targets ``[B, P]``
@@ -138,9 +138,11 @@ def capture_path(spec: LensSpec, request: PathRequest, *, target: TargetSpec,
                                              request.reference_ids, kwargs, {last}, device,
                                              request.mask, pos_list)
         base = ref_states[last]
-    return paths_from_states(states, dist, spec.layer_indices, pos_list, request.mask, target,
-                             contrast, baselines, request.explained, request.seq_len,
-                             request.single, base, position_ids=request.position_ids)
+    return paths_from_states(
+        states, dist, layer_indices=spec.layer_indices, positions=pos_list, mask=request.mask,
+        target=target, contrast=contrast, baselines=baselines, explained=request.explained,
+        seq_len=request.seq_len, single=request.single, base=base,
+        position_ids=request.position_ids)
 
 
 def recorded_layers(layer_indices: Sequence[int],
@@ -162,6 +164,7 @@ def recorded_layers(layer_indices: Sequence[int],
 def paths_from_states(
     states: dict[int, Tensor],
     dist: ModelDistribution,
+    *,
     layer_indices: Sequence[int],
     positions: list[int],
     mask: Optional[Tensor],
@@ -172,7 +175,6 @@ def paths_from_states(
     seq_len: int,
     single: bool = False,
     base: Optional[Tensor] = None,
-    *,
     position_ids: Optional[Tensor] = None,
 ) -> PathCapture:
     """The IG-Lens paths from residuals recorded in a forward pass (or while generating).

@@ -18,6 +18,7 @@ from torch import Tensor
 from captum_iglens._utils.typing import PositionSpec, is_int
 
 __all__ = [
+    "single_position",
     "CACHE_ARGUMENTS",
     "warn_if_unmasked_padding",
     "check_explained",
@@ -72,12 +73,11 @@ def _shape_advice(inputs: Tensor) -> str:
             f"(shape {shape}).")
 
 
-def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
-    """Non-negative explained positions, and whether a single int was given.
+def _plain_positions(positions: PositionSpec) -> PositionSpec:
+    """``positions`` with tensors and arrays as Python ints or lists.
 
     Raises:
-        TypeError: positions that are not integers (bools and floats included).
-        ValueError: empty, or outside the sequence.
+        TypeError: a float or bool tensor.
     """
     if isinstance(positions, Tensor):
         if positions.is_floating_point() or positions.dtype == torch.bool:
@@ -85,6 +85,22 @@ def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int
         positions = positions.item() if positions.dim() == 0 else positions.tolist()  # type: ignore[assignment]  # ints: checked below
     if isinstance(positions, np.ndarray):
         positions = positions.tolist()
+    return positions
+
+
+def single_position(positions: PositionSpec) -> bool:
+    """Whether ``positions`` is one int (a 0-d tensor included): results drop the ``P`` axis."""
+    return is_int(_plain_positions(positions))
+
+
+def normalise_positions(positions: PositionSpec, seq_len: int) -> tuple[list[int], bool]:
+    """Non-negative explained positions, and whether a single int was given.
+
+    Raises:
+        TypeError: positions that are not integers (bools and floats included).
+        ValueError: empty, or outside the sequence.
+    """
+    positions = _plain_positions(positions)
     single = is_int(positions)
     if not single and not isinstance(positions, (list, tuple, range)):
         raise TypeError(f"positions must be an int or a sequence of ints, got {positions!r}.")

@@ -28,9 +28,10 @@ from captum_iglens.lens.readout import chunk_rows, readout_top_k
 from captum_iglens.lens.readout_check import check_distribution_errors, check_readout
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
+from captum_iglens.settings import AttributionSettings
 
 __all__ = ["capture_lens_path", "check_distribution_errors", "check_estimator",
-           "convergence_delta", "delta_of", "output_from_path", "readout_chunk", "run_lens"]
+           "convergence_delta", "delta_of", "output_from_path", "readout_chunk"]
 
 
 def check_estimator(method: str, n_steps: object) -> None:
@@ -81,12 +82,12 @@ def _spread(flat: _MaybeTensor, explained: Tensor, fill: float) -> _MaybeTensor:
     return out
 
 
-def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, chunk: int,
+def _ragged_output(spec: LensSpec, cap: PathCapture, *, settings: AttributionSettings,
                    top_k: int) -> IGLensOutput:
     """Only ``cap.explained`` pairs read out; the others hold NaN (ids: -1)."""
     mask = cap.explained
     assert mask is not None
-    flat = output_from_path(spec, cap.select(mask), method, n_steps, chunk, top_k)
+    flat = output_from_path(spec, cap.select(mask), settings=settings, top_k=top_k)
     nan = float("nan")
     return replace(
         flat,
@@ -105,8 +106,8 @@ def _ragged_output(spec: LensSpec, cap: PathCapture, method: str, n_steps: int, 
     )
 
 
-def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int,
-                     chunk: int, top_k: int = 0) -> IGLensOutput:
+def output_from_path(spec: LensSpec, cap: PathCapture, *, settings: AttributionSettings,
+                     top_k: int = 0) -> IGLensOutput:
     """Read out ``cap``'s path, check Invariant R, run the estimator, package the output.
 
     With ``cap.explained`` (a ragged batch), only those (row, position) pairs are read out
@@ -116,10 +117,11 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
     Args:
         spec (LensSpec): The lens (its model, readout, layers, units and
             whether the readout is checked).
-        cap (PathCapture): The captured path (:func:`~captum_iglens._core.capture.capture_path`).
-        method (str): The estimator, checked with :func:`check_estimator`.
-        n_steps (int): Its steps per segment.
-        chunk (int): Readout rows per chunk.
+        cap (PathCapture): The captured path (:func:`~captum_iglens._core.capture.capture_path`);
+            not changed.
+        settings (AttributionSettings): Keyword-only: the estimator (``method``, checked
+            with :func:`check_estimator`), its ``n_steps`` and the readout chunk
+            (``internal_batch_size``); the baseline is the capture's.
         top_k (int, optional): Record the logit lens's top ``top_k`` tokens. Default: 0.
 
     Returns:
@@ -129,29 +131,34 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         ReadoutMismatchError: the readout does not reproduce the model (Invariant R).
     """
     if cap.explained is not None:
-        return _ragged_output(spec, cap, method, n_steps, chunk, top_k)
+        return _ragged_output(spec, cap, settings=settings, top_k=top_k)
+    method, n_steps = settings.method, settings.n_steps
+    chunk = readout_chunk(spec, settings.internal_batch_size)
     readout = spec.readout
     path = replace(cap.path, log=spec.units == "log-probability")
-    checked = spec.check_readout and cap.reference is not None
-    reference = cap.reference.log_probs.reshape(-1, cap.reference.log_probs.shape[-1]) \
-        if checked and cap.reference is not None else None
+    # the model's [B, P, V] distribution is not needed past the check: a capture handed
+    # over (no other name holds it) is freed with it; the caller's capture is not changed
+    dist, cap = cap.reference, replace(cap, reference=None)
+    checked = spec.check_readout and dist is not None
+    reference = (dist.log_probs.reshape(-1, dist.log_probs.shape[-1])
+                 if checked and dist is not None else None)
     nodes = read_nodes(readout, path, chunk, reference)
-    del reference  # a view of the model's [B, P, V] distribution: freed below
+    del reference  # a view of the model's [B, P, V] distribution
     probs = nodes.values
     name = getattr(readout, "name", "") or type(spec.model).__name__
     check_readout(readout, probs, cap.model_probs, spec.dtype, name,
                   verify=spec.check_readout, final=nodes.final)
-    if checked:
-        assert nodes.errors is not None and cap.reference is not None  # read_nodes with a reference
-        check_distribution_errors(nodes.errors, cap.reference, spec.dtype,
-                                  path.nodes.shape[-1], name)
-    cap.reference = None  # the model's [B, P, V] distribution is not needed past the check
+    if checked and dist is not None:
+        assert nodes.errors is not None  # read_nodes with a reference
+        check_distribution_errors(nodes.errors, dist, spec.dtype, path.nodes.shape[-1], name)
+    del dist
     credits, lens_change, probs = estimate_with_lens(spec, path, probs, method, n_steps, chunk)
     p_base, p_final = probs[..., 0], probs[..., -1]
     # the credits add up to f(h_n) - g_0(b) less the lens terms (none for the logit lens)
     p_start = p_base if lens_change is None else p_base + lens_change.sum(-1)
     warn_if_not_converged(credits, p_final - p_start, method, n_steps)
-    out = IGLensOutput(
+    top_probs, top_ids = _top_k(readout, path, top_k, chunk) if top_k else (None, None)
+    return IGLensOutput(
         attributions=credits,
         convergence_delta=convergence_delta(credits, p_final, p_start),
         lens_probs=probs[..., 1:],
@@ -163,13 +170,14 @@ def output_from_path(spec: LensSpec, cap: PathCapture, method: str, n_steps: int
         baseline=cap.baseline,
         model_argmax=cap.model_argmax,
         units=spec.units,
+        top_k_probs=top_probs,
+        top_k_ids=top_ids,
         contrast=path.contrast,
         granularity=spec.granularity,
         lens_change=lens_change,
+        method=method,
+        n_steps=int(n_steps),
     )
-    if top_k:
-        out.top_k_probs, out.top_k_ids = _top_k(readout, path, top_k, chunk)
-    return out
 
 
 def readout_chunk(spec: LensSpec, internal_batch_size: Optional[int]) -> int:
@@ -189,27 +197,6 @@ def capture_lens_path(
     request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
                                 explained)
     return capture_path(spec, request, target=target, baselines=baselines, contrast=contrast)
-
-
-def run_lens(
-    spec: LensSpec, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
-    additional_forward_args: Any, n_steps: int, method: str,
-    internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
-    contrast: TargetSpec = None, explained: Optional[Tensor] = None,
-) -> tuple[IGLensOutput, bool]:
-    """Capture the path, read it out, check Invariant R, run the estimator.
-
-    Arguments are those of :meth:`~captum_iglens.IGLens.attribute_details`.
-
-    Returns:
-        (output, single): the :class:`IGLensOutput` and whether one int position was given.
-    """
-    check_estimator(method, n_steps)
-    cap = capture_lens_path(spec, inputs, target, positions, baselines,
-                            additional_forward_args, contrast, explained)
-    out = output_from_path(spec, cap, method, n_steps, readout_chunk(spec, internal_batch_size),
-                           top_k)
-    return out, cap.single
 
 
 def delta_of(attributions: Tensor, out: IGLensOutput, single: bool) -> Tensor:

@@ -7,7 +7,7 @@ estimators) trust what it holds and check nothing again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -23,13 +23,14 @@ from captum_iglens._core.inputs import (
     normalise_positions,
     warn_if_unmasked_padding,
 )
-from captum_iglens._utils.typing import BaselineSpec, PositionSpec
+from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.architectures import unwrap_model
 from captum_iglens.lens.context import context_length, max_sequence_length
+from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import forward_parameters
 
-__all__ = ["PathRequest"]
+__all__ = ["Forward", "PathRequest", "Recorded"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,63 @@ class PathRequest:
         return cls(input_ids=inputs, positions=pos_list, single=single, forward_kwargs=kwargs,
                    mask=mask, explained=explained, reference_ids=reference,
                    logit_positions=kept)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A teacher-forced request: the model runs over ``inputs`` (as ``IGLens.attribute``).
+
+    Attributes:
+        inputs (Tensor): ``[B, S]`` int64 token ids.
+        target: Target ids (``None``: the model's argmax at each explained position).
+        positions: The explained positions (an int drops the ``P`` axis of the result).
+        additional_forward_args: Attention mask, keyword dict or Captum-style tuple.
+        contrast: Foil ids, or ``None``.
+        explained (Tensor, optional): ``[B, P]`` bool, the pairs read out (ragged rows).
+    """
+
+    inputs: Tensor
+    target: TargetSpec = None
+    positions: PositionSpec = -1
+    additional_forward_args: Any = None
+    contrast: TargetSpec = None
+    explained: Optional[Tensor] = None
+
+    def parse(self, spec: LensSpec, baselines: BaselineSpec) -> PathRequest:
+        """This request checked once (:meth:`PathRequest.parse`)."""
+        return PathRequest.parse(spec, self.inputs, self.positions, baselines,
+                                 self.additional_forward_args, self.explained)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Residuals recorded by another pass (generation, a document chunk): no forward here.
+
+    Attributes:
+        states (dict[int, Tensor]): ``{l: h_l}``, ``[B, P, d]`` at the explained positions
+            (``[B, S, d]`` for those :func:`layers_to_record` needs whole).
+        distribution (ModelDistribution): The model's own distribution ``[B, P, V]`` there.
+        positions (list[int]): The ``P`` explained columns.
+        target: Target ids ``[B, P]``.
+        seq_len (int): ``S``.
+        contrast: Foil ids ``[B, P]``, or ``None``.
+        mask (Tensor, optional): ``[B, S]`` attention mask.
+        explained (Tensor, optional): ``[B, P]`` bool, the pairs read out.
+        start (str or Tensor, optional): The path start, in place of ``settings.baselines``
+            (a document chunk's running mean ``[1, P, d]``); ``None``: the settings'.
+        start_name (str, optional): What the output records as its baseline with ``start``.
+    """
+
+    states: dict[int, Tensor] = field(repr=False)
+    distribution: ModelDistribution = field(repr=False)
+    positions: list[int]
+    target: TargetSpec
+    seq_len: int
+    contrast: TargetSpec = None
+    mask: Optional[Tensor] = None
+    explained: Optional[Tensor] = None
+    start: Optional[BaselineSpec] = None
+    start_name: Optional[str] = None
 
 
 #: The forward arguments that make a causal LM return logits at some positions only.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -25,16 +25,17 @@ from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.heads import capture_head_inputs, head_credits, head_pieces
 from captum_iglens._core.pipeline import (
     capture_lens_path,
-    check_estimator,
     output_from_path,
     readout_chunk,
-    run_lens,
 )
-from captum_iglens._core.request import PathRequest
+from captum_iglens._core.request import Forward
+from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.sublayer import capture_half_residuals
+from captum_iglens.results import IGLensOutput
+from captum_iglens.settings import AttributionSettings
 
-__all__ = ["capture_granular", "capture_sublayer_path", "run_granular", "sublayer_output"]
+__all__ = ["capture_granular", "capture_sublayer_path", "sublayer_output"]
 
 
 class _FirstWrite(dict):
@@ -57,18 +58,17 @@ def _interleave(nodes: Tensor, half: dict[int, Tensor], layer_indices: Sequence[
     return torch.cat(parts, dim=2)
 
 
-def capture_sublayer_path(
-    spec: LensSpec, inputs: Tensor, target: Any, positions: Any, baselines: Any,
-    additional_forward_args: Any, contrast: Any = None, explained: Optional[Tensor] = None,
-) -> tuple[PathCapture, dict[int, Tensor]]:
+def capture_sublayer_path(spec: LensSpec, source: Forward, *,
+                          baselines: BaselineSpec) -> tuple[PathCapture, dict[int, Tensor]]:
     """The sub-layer path of ``spec`` on ``inputs``, from the same single forward pass.
 
     The path is ``b -> [emb] -> L_1.attn -> h_{L_1} -> L_2.attn -> h_{L_2} -> ...``. When the
     chosen layers skip blocks, the segment ``h_{L_{j-1}} -> L_j.attn`` spans the blocks in
     between as well as ``L_j``'s attention (its "attention" credit includes them).
 
-    Arguments are those of :func:`~captum_iglens._core.capture.capture_path`, with ``spec`` a
-    :class:`~captum_iglens.lens.spec.LensSpec` built with ``granularity="sublayer"``.
+    ``source`` is the teacher-forced request (targets, positions, foils, ``explained``),
+    ``spec`` a :class:`~captum_iglens.lens.spec.LensSpec` built with
+    ``granularity="sublayer"``, ``baselines`` the path start.
 
     Returns:
         (capture, head_inputs): the :class:`PathCapture` with nodes ``[B, P, k' + 1, d]``
@@ -79,8 +79,7 @@ def capture_sublayer_path(
     Raises:
         As :func:`~captum_iglens._core.capture.capture_path`.
     """
-    request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
-                                explained)
+    request = source.parse(spec, baselines)
     half: dict[int, Tensor] = _FirstWrite()
     head_inputs: dict[int, Tensor] = _FirstWrite()
     chosen = [index for index in spec.layer_indices if index]
@@ -90,18 +89,15 @@ def capture_sublayer_path(
         if spec.heads:
             stack.enter_context(capture_head_inputs(spec.decoder_blocks, chosen,
                                                     spec.head_site, head_inputs))  # type: ignore[arg-type]  # heads=True
-        cap = capture_path(spec, request, target=target, baselines=baselines,
-                           contrast=contrast)
+        cap = capture_path(spec, request, target=source.target, baselines=baselines,
+                           contrast=source.contrast)
     nodes = _interleave(cap.path.nodes, half, spec.layer_indices, cap.positions)
-    cap.path = replace(cap.path, nodes=nodes)
-    return cap, dict(head_inputs)
+    return replace(cap, path=replace(cap.path, nodes=nodes)), dict(head_inputs)
 
 
-def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
-                    additional_forward_args: Any, n_steps: int, method: str, chunk: int,
-                    positions: Any, top_k: int = 0, contrast: Any = None,
-                    explained: Optional[Tensor] = None) -> tuple[Any, bool]:
-    """:func:`~captum_iglens._core.pipeline.run_lens` for a sub-layer lens, head credits included.
+def sublayer_output(spec: LensSpec, source: Forward, *, settings: AttributionSettings,
+                    top_k: int = 0) -> tuple[IGLensOutput, bool]:
+    """:func:`~captum_iglens._core.entry.attribute` for a sub-layer lens, head credits included.
 
     Returns:
         (output, single): the :class:`~captum_iglens.results.IGLensOutput` (credits
@@ -113,19 +109,19 @@ def sublayer_output(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
         ValueError: head credits of a ragged batch (``explained``).
         RuntimeError: head credits inside ``torch.inference_mode()`` (they need gradients).
     """
-    if spec.heads and explained is not None:
+    if spec.heads and source.explained is not None:
         raise ValueError("heads=True is not available for ragged batches (explained=...): "
                          "explain those rows one at a time.")
     if spec.heads and torch.is_inference_mode_enabled():
         raise RuntimeError("heads=True needs one backward pass per grid step, which "
                            "torch.inference_mode() forbids: call it outside inference mode "
                            "(torch.no_grad() is fine).")
-    cap, head_inputs = capture_sublayer_path(spec, inputs, target, positions, baselines,
-                                             additional_forward_args, contrast, explained)
-    out = output_from_path(spec, cap, method, n_steps, chunk, top_k)
+    cap, head_inputs = capture_sublayer_path(spec, source, baselines=settings.baselines)
+    out = output_from_path(spec, cap, settings=settings, top_k=top_k)
     if spec.heads:
-        out.head_credits, out.head_rest = _heads_of(spec, cap, out, head_inputs, n_steps,
-                                                    chunk)
+        chunk = readout_chunk(spec, settings.internal_batch_size)
+        credits, rest = _heads_of(spec, cap, out, head_inputs, settings.n_steps, chunk)
+        out = replace(out, head_credits=credits, head_rest=rest)
     return out, cap.single
 
 
@@ -145,25 +141,9 @@ def _heads_of(spec: LensSpec, cap: PathCapture, out: Any, head_inputs: dict[int,
                         chunk)
 
 
-def run_granular(spec: LensSpec, inputs: Tensor, baselines: Any, target: Any,
-                 additional_forward_args: Any, n_steps: int, method: str,
-                 internal_batch_size: Optional[int], positions: Any, top_k: int = 0,
-                 contrast: Any = None, explained: Optional[Tensor] = None) -> tuple[Any, bool]:
-    """:func:`~captum_iglens._core.pipeline.run_lens`, or :func:`sublayer_output` for sub-layers."""
-    if spec.granularity != "sublayer":
-        return run_lens(spec, inputs, baselines, target, additional_forward_args, n_steps,
-                        method, internal_batch_size, positions, top_k, contrast, explained)
-    check_estimator(method, n_steps)
-    return sublayer_output(spec, inputs, baselines, target, additional_forward_args, n_steps,
-                           method, readout_chunk(spec, internal_batch_size), positions, top_k,
-                           contrast, explained)
-
-
-def capture_granular(spec: LensSpec, inputs: Tensor, target: Any, positions: Any, baselines: Any,
-                     additional_forward_args: Any, contrast: Any = None) -> PathCapture:
+def capture_granular(spec: LensSpec, source: Forward, *, baselines: BaselineSpec) -> PathCapture:
     """:func:`~captum_iglens._core.pipeline.capture_lens_path`, sub-layer nodes included."""
     if spec.granularity != "sublayer":
-        return capture_lens_path(spec, inputs, target, positions, baselines,
-                                 additional_forward_args, contrast)
-    return capture_sublayer_path(spec, inputs, target, positions, baselines,
-                                 additional_forward_args, contrast)[0]
+        return capture_lens_path(spec, source.inputs, source.target, source.positions,
+                                 baselines, source.additional_forward_args, source.contrast)
+    return capture_sublayer_path(spec, source, baselines=baselines)[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from captum_iglens.cli._common import UsageError, add_check, at_least, run_checks
 from captum_iglens.cli._template_date import (
@@ -21,7 +21,13 @@ from captum_iglens.cli._template_date import (
     warn_unused_template_date,
 )
 
+if TYPE_CHECKING:
+    from captum_iglens.settings import AttributionSettings, GenerationSettings, ReportSettings
+
 __all__ = [
+    "attribution_settings",
+    "generation_settings",
+    "report_settings",
     "DEFAULT_MODEL",
     "add_check",
     "add_estimator_options",
@@ -264,3 +270,35 @@ def _check_output_paths(args: argparse.Namespace) -> None:
                 raise UsageError(
                     f"--plot {path!r}: use one of the extensions {', '.join(sorted(kinds))}"
                 )
+
+
+def attribution_settings(args: argparse.Namespace) -> AttributionSettings:
+    """The :class:`~captum_iglens.settings.AttributionSettings` of a command's options.
+
+    Built once, where the options enter the package: ``--method``, ``--n-steps``,
+    ``--baseline``, ``--internal-batch-size`` and, where the command has them, ``--units``,
+    ``--granularity``, ``--effect`` and ``--heads`` (an option it lacks keeps its default).
+    No torch import.
+    """
+    from captum_iglens.settings import AttributionSettings
+
+    names = {"method": "method", "n_steps": "n_steps", "baselines": "baseline",
+             "internal_batch_size": "internal_batch_size", "units": "units",
+             "granularity": "granularity", "effect": "effect", "heads": "heads"}
+    return AttributionSettings().updated(
+        **{field: getattr(args, option, None) for field, option in names.items()})
+
+
+def report_settings(args: argparse.Namespace) -> ReportSettings:
+    """The report settings of ``--onset-frac``, ``--onset-rule``, ``--top-k`` (no torch)."""
+    from captum_iglens.settings import ReportSettings
+
+    return ReportSettings(args.onset_frac, args.onset_rule, args.top_k)
+
+
+def generation_settings(args: argparse.Namespace) -> GenerationSettings:
+    """The generation settings of ``--max-new-tokens``, ``--no-chat-template``, the date."""
+    from captum_iglens.settings import GenerationSettings
+
+    return GenerationSettings(args.max_new_tokens, not args.no_chat_template,
+                              template_kwargs(args))

@@ -142,6 +142,8 @@ def _explainer(
     """A function that explains one prompt with the options of ``args`` and prints it."""
     from captum_iglens.text.explain_prompt import explain
 
+    settings = opts.attribution_settings(args)
+
     def explain_one(prompt: str) -> Any:
         try:
             result = _explain(prompt)
@@ -159,21 +161,14 @@ def _explainer(
             prompt,
             max_new_tokens=args.max_new_tokens,
             layers=layers,
-            method=args.method,
-            n_steps=args.n_steps,
-            baselines=args.baseline,
             onset_frac=args.onset_frac,
-            internal_batch_size=args.internal_batch_size,
             chat_template=not args.no_chat_template,
             target=args.target,
             onset_rule=args.onset_rule,
-            units=args.units,
             top_k=args.top_k,
             template_kwargs=opts.template_kwargs(args),
             contrast=args.contrast,
-            granularity=args.granularity,
-            heads=args.heads,
-            effect=args.effect,
+            settings=settings,
         )
 
     def _print(result: Any, prompt: str) -> None:

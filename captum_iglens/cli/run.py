@@ -170,12 +170,8 @@ def _records(args: argparse.Namespace) -> list[Any]:
 def _settings_map(args: argparse.Namespace) -> dict[str, Any]:
     from captum_iglens.run.resume import fingerprint_settings
 
-    return fingerprint_settings(
-        method=args.method, n_steps=args.n_steps, baselines=args.baseline,
-        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
-        template_kwargs=opts.template_kwargs(args), onset_frac=args.onset_frac,
-        onset_rule=args.onset_rule, top_k=args.top_k, stride=args.stride,
-        granularity=args.granularity, effect=args.effect)
+    return fingerprint_settings(opts.attribution_settings(args), opts.report_settings(args),
+                                opts.generation_settings(args), stride=args.stride)
 
 
 def _done_lines(output: Path) -> list[dict[str, Any]]:
@@ -263,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     from captum_iglens.run.distributed import processes
     from captum_iglens.run.runner import run_records
     from captum_iglens.run.settings import RunSettings
-    from captum_iglens.text.document import DEFAULT_CHUNK
+    from captum_iglens.settings import DEFAULT_CHUNK
 
     procs = processes()
     model, tokenizer = load(args.model, device_map=args.device_map)
@@ -278,9 +274,7 @@ def run(args: argparse.Namespace) -> int:
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),
         onset_frac=args.onset_frac, onset_rule=args.onset_rule, top_k=args.top_k,
         stride=args.stride, chunk=args.chunk or DEFAULT_CHUNK,
-        attribute_kwargs={"method": args.method, "n_steps": args.n_steps,
-                          "baselines": args.baseline,
-                          "internal_batch_size": args.internal_batch_size},
+        attribution=opts.attribution_settings(args),
         model_source=args.model_source)
     try:
         report = run_records(model, tokenizer, records, args.output, settings, lens,

@@ -26,7 +26,7 @@ __all__ = ["IGLensResult"]
 _TENSORS = ("attributions", "lens_probs", "p_final", "p_baseline", "convergence_delta")
 
 
-@dataclass
+@dataclass(frozen=True)
 class IGLensResult:
     """IG-Lens over every answer token of one prompt (``T`` tokens, ``k`` chosen layers).
 

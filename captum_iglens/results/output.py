@@ -11,6 +11,8 @@ from captum_iglens.settings import (
     DEFAULT_BASELINE,
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
     DEFAULT_UNITS,
 )
 
@@ -65,9 +67,9 @@ class IGLensOutput:
             ``F(1) - F(0)``) or ``"atp"`` (attribution patching's first-order estimates:
             ``convergence_delta`` is then their gap to ``delta_p``, not a completeness
             error; they are not a decomposition).
-        method (str, optional): The estimator that made the credits (``"atp"`` for
-            attribution patching).
-        n_steps (int, optional): Its steps.
+        method (str): The estimator that made the credits (``"atp"`` for attribution
+            patching).
+        n_steps (int): Its steps per segment (1 for attribution patching).
         lens_change (Tensor, optional): ``[B, P, k]`` with a per-layer readout ``g_L``
             (``IGLens(model, lens=...)``): the lens term of each segment,
             ``g_{L_j}(h_{L_{j-1}}) - g_{L_{j-1}}(h_{L_{j-1}})``; ``attributions`` are then the
@@ -97,8 +99,8 @@ class IGLensOutput:
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
     effect: str = DEFAULT_EFFECT
-    method: Optional[str] = None
-    n_steps: Optional[int] = None
+    method: str = DEFAULT_METHOD
+    n_steps: int = DEFAULT_N_STEPS
     lens_change: Optional[Tensor] = None
 
     def __post_init__(self) -> None:

@@ -25,7 +25,7 @@ from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
 from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
-from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY
+from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, settings_from_record
 
 __all__ = [
     "FINGERPRINT_KEYS",
@@ -89,10 +89,10 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     }
     for key in FINGERPRINT_KEYS[6:]:
         entries[key] = _jsonable(settings.get(key))
-    effect = settings.get("effect") or DEFAULT_EFFECT
+    recorded = settings_from_record(settings)  # granularity and effect: default when absent
+    effect, granularity = recorded.effect, recorded.granularity
     if effect == DEFAULT_EFFECT and (entries["method"] is None or is_exact(entries["method"])):
         entries["n_steps"] = None  # an exact readout estimator does not depend on it
-    granularity = settings.get("granularity") or DEFAULT_GRANULARITY
     compared_keys: tuple[str, ...] = FINGERPRINT_KEYS
     if granularity != DEFAULT_GRANULARITY:  # block runs keep the digests they always had
         entries["granularity"] = granularity

@@ -17,7 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_EFFECT, DEFAULT_GRANULARITY
+from captum_iglens.settings import (
+    CAPTUM_METHODS,
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    AttributionSettings,
+    GenerationSettings,
+    ReportSettings,
+    settings_from_record,
+)
 
 __all__ = ["FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings", "input_hash",
            "lock_holder", "nothing_left", "planned_entries", "record_fields", "resume_mismatch",
@@ -51,20 +59,27 @@ def input_hash(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def fingerprint_settings(*, method: str, n_steps: int, baselines: Any, max_new_tokens: int,
-                         chat_template: bool, template_kwargs: Optional[Mapping[str, Any]],
-                         onset_frac: float, onset_rule: str, top_k: int, stride: int,
-                         granularity: str, effect: str) -> dict[str, Any]:
+def fingerprint_settings(attribution: AttributionSettings, report: ReportSettings,
+                         generation: GenerationSettings, *, stride: int) -> dict[str, Any]:
     """The settings mapping of a run's fingerprint (for the run and the check before the load).
+
+    Args:
+        attribution (AttributionSettings): The estimator, its steps, the baseline, and the
+            lens's granularity and effect.
+        report (ReportSettings): Onset rule and fraction, top-k.
+        generation (GenerationSettings): Answer length, chat template and its variables.
+        stride (int): Document mode's step between explained positions.
 
     Returns:
         dict: the keys of :data:`SETTINGS_KEYS`, ``granularity`` when it is not ``"block"``
         and ``effect`` when it is not ``"readout"``.
     """
-    return {"method": method, "n_steps": n_steps, "baselines": baselines,
-            "max_new_tokens": max_new_tokens, "chat_template": chat_template,
-            "template_kwargs": template_kwargs, "onset_frac": onset_frac,
-            "onset_rule": onset_rule, "top_k": top_k, "stride": stride,
+    granularity, effect = attribution.granularity, attribution.effect
+    return {"method": attribution.method, "n_steps": attribution.n_steps,
+            "baselines": attribution.baselines, "max_new_tokens": generation.max_new_tokens,
+            "chat_template": generation.chat_template,
+            "template_kwargs": generation.template_kwargs, "onset_frac": report.onset_frac,
+            "onset_rule": report.onset_rule, "top_k": report.top_k, "stride": stride,
             **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity}),
             **({} if effect == DEFAULT_EFFECT else {"effect": effect})}
 
@@ -97,7 +112,7 @@ def planned_entries(settings: Mapping[str, Any], units: str,
         entries["layers"] = list(layers)
     for key in SETTINGS_KEYS:
         entries[key] = _jsonable(settings.get(key))
-    effect = settings.get("effect") or DEFAULT_EFFECT
+    effect = settings_from_record(settings).effect  # the default when absent
     if effect == DEFAULT_EFFECT and entries["method"] not in CAPTUM_METHODS:
         entries["n_steps"] = None  # an exact readout estimator does not depend on it
     for key, default in OPTIONAL_KEYS.items():

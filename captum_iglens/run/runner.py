@@ -13,6 +13,7 @@ processes (``accelerate launch`` / ``torchrun``), process ``r`` runs batches ``r
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
@@ -35,11 +36,6 @@ from captum_iglens.run.records import Record
 from captum_iglens.run.results_file import ResultsFile, check_results_file, read_lines
 from captum_iglens.run.resume import fingerprint_settings
 from captum_iglens.run.settings import RunReport, RunSettings
-from captum_iglens.settings import (
-    DEFAULT_BASELINE,
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
-)
 from captum_iglens.text.batched import AnswerJob, explain_batch, explain_recorded
 from captum_iglens.text.document import explain_document
 from captum_iglens.text.explain_prompt import (
@@ -92,7 +88,7 @@ class _Runner:
             foils = foil_ids(self.tokenizer, record.contrast)
             result = explain_document(self.lens, self.tokenizer, record.text or "",
                                       record.positions, s.stride, s.chunk, foils,
-                                      s.onset_frac, s.onset_rule, s.top_k, **s.attribute_kwargs)
+                                      settings=s.attribution, report=s.report)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             self.out.append(_error_line(record, err))
             return
@@ -122,7 +118,7 @@ class _Runner:
             return {}
         s = self.settings
         prompts = [job.rendered.ids for job in todo]
-        baselines = s.attribute_kwargs.get("baselines", DEFAULT_BASELINE)
+        baselines = s.attribution.baselines
         recording = None
         # a recording holds block outputs only: sub-layer lenses re-run prompt + answer
         if can_record(baselines, self.lens.model) and self.lens.spec.recordable:
@@ -170,11 +166,10 @@ class _Runner:
             if id(jobs[0]) in recorded:
                 recording = recorded[id(jobs[0])][0].rows([recorded[id(j)][1] for j in jobs])
                 results = explain_recorded(self.lens, self.tokenizer, recording, jobs,
-                                           s.onset_frac, s.onset_rule, s.top_k,
-                                           **s.attribute_kwargs)
+                                           settings=s.attribution, report=s.report)
             else:
-                results = explain_batch(self.lens, self.tokenizer, jobs, s.onset_frac,
-                                        s.onset_rule, s.top_k, **s.attribute_kwargs)
+                results = explain_batch(self.lens, self.tokenizer, jobs,
+                                        settings=s.attribution, report=s.report)
         except Exception as err:  # noqa: BLE001 - one bad record must not stop the run
             if len(group) > 1:
                 for item in group:
@@ -184,8 +179,8 @@ class _Runner:
             return
         share = generation + (time.perf_counter() - start) / len(group)
         for (record, job), result in zip(group, results, strict=True):
-            annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
-                            job.generated, s.max_new_tokens)
+            result = annotate_answer(result, self.lens.model, self.tokenizer, job.rendered,
+                                     job.generated, s.max_new_tokens)
             self.tokens += len(result.tokens)
             self.out.append(_ok_line(record, result, share))
 
@@ -261,17 +256,13 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     Stamps ``out`` with the run's fingerprint and the records' input hashes, after
     refusing an output that another run wrote (:func:`~captum_iglens.run.fingerprint.check_resume`).
     """
-    attribute = settings.attribute_kwargs
+    # the lens decides granularity and effect
+    attribution = replace(settings.attribution, granularity=lens.granularity,
+                          effect=lens.spec.effect)
     fingerprint = run_fingerprint(
         lens.model, layers=lens.layer_indices, units=lens.units,
-        settings=fingerprint_settings(
-            method=attribute.get("method", DEFAULT_METHOD),
-            n_steps=attribute.get("n_steps", DEFAULT_N_STEPS),
-            baselines=attribute.get("baselines", DEFAULT_BASELINE),
-            max_new_tokens=settings.max_new_tokens, chat_template=settings.chat_template,
-            template_kwargs=settings.template_kwargs, onset_frac=settings.onset_frac,
-            onset_rule=settings.onset_rule, top_k=settings.top_k, stride=settings.stride,
-            granularity=lens.granularity, effect=lens.spec.effect))
+        settings=fingerprint_settings(attribution, settings.report, settings.generation,
+                                      stride=settings.stride))
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     if settings.model_source is not None:  # not compared: lets a rerun skip the load

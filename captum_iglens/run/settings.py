@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from captum_iglens.settings import (
+    DEFAULT_CHUNK,
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
+    AttributionSettings,
+    GenerationSettings,
+    ReportSettings,
 )
-from captum_iglens.text.document import DEFAULT_CHUNK
 from captum_iglens.text.explain_prompt import (
     DEFAULT_MAX_NEW_TOKENS,
 )
@@ -30,8 +33,9 @@ class RunSettings:
         top_k (int): Logit-lens top tokens recorded per layer. Default: 0.
         stride (int): Document mode: step between explained positions. Default: 1.
         chunk (int): Document mode: positions per forward. Default: 512.
-        attribute_kwargs (dict): ``baselines``, ``method``, ``n_steps``,
-            ``internal_batch_size`` for :meth:`~captum_iglens.IGLens.attribute`.
+        attribution (AttributionSettings): ``baselines``, ``method``, ``n_steps``,
+            ``internal_batch_size`` of every record (the lens decides units, granularity
+            and effect). Default: the defaults.
         model_source (str, optional): The identity of the model's files
             (:func:`captum_iglens.models.facts.source_id`), recorded in every line's
             fingerprint as ``source`` (not compared) so that a rerun with nothing left to do
@@ -47,8 +51,19 @@ class RunSettings:
     top_k: int = 0
     stride: int = 1
     chunk: int = DEFAULT_CHUNK
-    attribute_kwargs: dict[str, Any] = field(default_factory=dict)
+    attribution: AttributionSettings = field(default_factory=AttributionSettings)
     model_source: Optional[str] = None
+
+    @property
+    def report(self) -> ReportSettings:
+        """The :class:`~captum_iglens.settings.ReportSettings` of every record."""
+        return ReportSettings(self.onset_frac, self.onset_rule, self.top_k)
+
+    @property
+    def generation(self) -> GenerationSettings:
+        """The :class:`~captum_iglens.settings.GenerationSettings` of every prompt record."""
+        return GenerationSettings(self.max_new_tokens, self.chat_template,
+                                  self.template_kwargs)
 
 
 @dataclass

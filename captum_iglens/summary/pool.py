@@ -22,7 +22,7 @@ import numpy as np
 
 from captum_iglens._utils.format import layer_names, num, shorten
 from captum_iglens.run.reader import check_one_run, load_results
-from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, DEFAULT_UNITS
+from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, settings_from_record
 from captum_iglens.summary.bootstrap import cluster_mean_ci
 from captum_iglens.summary.report import WIDTH, record_label, record_name, report_lines
 
@@ -82,11 +82,12 @@ def _kind(record: dict) -> tuple[tuple[int, ...], str, bool]:
         layers = tuple(int(i) for i in record["layers"])
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{record_name(record)}: no valid 'layers' list ({err})") from err
-    units = str(record.get("units", DEFAULT_UNITS))
-    if record.get("effect", DEFAULT_EFFECT) != DEFAULT_EFFECT:  # other credits: kept apart
-        units += f", effect {record['effect']}"
-    if record.get("granularity", DEFAULT_GRANULARITY) != "block":  # sub-layer node indices: apart
-        units += f", granularity {record['granularity']}"
+    recorded = settings_from_record(record)  # a key older lines lack: its default
+    units = str(recorded.units)
+    if recorded.effect != DEFAULT_EFFECT:  # other credits: kept apart
+        units += f", effect {recorded.effect}"
+    if recorded.granularity != DEFAULT_GRANULARITY:  # sub-layer node indices: apart
+        units += f", granularity {recorded.granularity}"
     return layers, units, is_contrastive(record)
 
 

@@ -113,8 +113,8 @@ def tiny_causal_lm(
             Default: True (False leaves random-init norms, which hide a missing norm).
 
     Returns:
-        (model, tokenizer): the ``*ForCausalLM`` in eval mode (float32, CPU) and its
-        ``PreTrainedTokenizerFast``.
+        tuple: ``(model, tokenizer)``, the ``*ForCausalLM`` in eval mode (float32, CPU) and
+        its ``PreTrainedTokenizerFast``.
 
     Raises:
         ValueError: an unknown family or sizes out of range.

@@ -14,19 +14,17 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from captum_iglens._core.capture import paths_from_states
-from captum_iglens._core.inputs import check_top_k
-from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
+from captum_iglens._core.entry import Forward, Recorded, attribute
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.readout import ModelDistribution
 from captum_iglens.lens.state import input_device
-from captum_iglens.results import IGLensResult
+from captum_iglens.results import IGLensOutput, IGLensResult
 from captum_iglens.settings import (
-    DEFAULT_BASELINE,
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
+    AttributionSettings,
+    ReportSettings,
+    report_settings,
 )
 from captum_iglens.text.generation import left_pad, pad_id
 from captum_iglens.text.packaging import AnswerSpec, result_from_output
@@ -79,8 +77,9 @@ def _targets(ids: torch.Tensor, jobs: Sequence[AnswerJob], n_cols: int,
 
 def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
                   onset_frac: float = DEFAULT_ONSET_FRAC,
-                  onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0,
-                  **attribute_kwargs: Any) -> list[IGLensResult]:
+                  onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0, *,
+                  settings: Optional[AttributionSettings] = None,
+                  report: Optional[ReportSettings] = None) -> list[IGLensResult]:
     """IG-Lens over every answer token of ``B`` prompts, in one left-padded forward.
 
     Each row is ``prompt + answer[:-1]``, left-padded to the longest; answers end at the
@@ -97,7 +96,11 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
         onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
         onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
         top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
-        **attribute_kwargs: ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
+        settings (AttributionSettings, optional): Keyword-only: ``baselines``, ``method``,
+            ``n_steps``, ``internal_batch_size``. Default: the defaults.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids` on
@@ -116,14 +119,14 @@ def explain_batch(lens: IGLens, tokenizer: Any, jobs: Sequence[AnswerJob],
     model = lens.model
     ids, mask = left_pad(rows, pad_id(tokenizer), input_device(model))
     targets, foils = _targets(ids, jobs, n_cols, lens.spec.vocab_size or 1)
-    if foils is not None:
-        attribute_kwargs["contrast"] = foils
     positions = list(range(ids.shape[1] - n_cols, ids.shape[1]))
-    out = lens.attribute_details(ids, target=targets, positions=positions,
-                                 additional_forward_args=(mask,), top_k=top_k,
-                                 explained=explained, **attribute_kwargs)
-    return [_row_result(out, r, job, n_cols, tokenizer, lens, onset_frac, onset_rule,
-                        attribute_kwargs) for r, job in enumerate(jobs)]
+    source = Forward(ids, target=targets, positions=positions, additional_forward_args=(mask,),
+                     contrast=foils, explained=explained)
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
+    out, _ = attribute(lens.spec, source, settings=settings or AttributionSettings(),
+                       top_k=shown.top_k)
+    return [_row_result(out, r, job, n_cols, tokenizer, lens, shown)
+            for r, job in enumerate(jobs)]
 
 
 def _check_jobs(jobs: Sequence[AnswerJob]) -> None:
@@ -139,13 +142,12 @@ def _padded(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
     return torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
-_RECORDED_SETTINGS = {"baselines", "method", "n_steps", "internal_batch_size"}
-
 
 def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
                      jobs: Sequence[AnswerJob], onset_frac: float = DEFAULT_ONSET_FRAC,
-                     onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0,
-                     **attribute_kwargs: Any) -> list[IGLensResult]:
+                     onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0, *,
+                     settings: Optional[AttributionSettings] = None,
+                     report: Optional[ReportSettings] = None) -> list[IGLensResult]:
     """IG-Lens over the generated answers of ``recording``: readouts only, no forward.
 
     Row ``r`` of the recording is ``jobs[r]``; answer token ``t`` is explained at the
@@ -160,8 +162,12 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         onset_frac (float, optional): Fraction of the onset rule. Default: 0.5.
         onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``.
         top_k (int, optional): Logit-lens top tokens to record per layer. Default: 0.
-        **attribute_kwargs: ``baselines`` (the recording's), ``method``, ``n_steps``,
-            ``internal_batch_size``.
+        settings (AttributionSettings, optional): Keyword-only: ``baselines`` (the
+            recording's), ``method``, ``n_steps``, ``internal_batch_size``. Default: the
+            defaults.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         list[IGLensResult]: One per job, equal to :func:`~captum_iglens.text.explain_ids`
@@ -172,40 +178,31 @@ def explain_recorded(lens: IGLens, tokenizer: Any, recording: Recording,
         ValueError: jobs that are not the recording's rows, a mix of contrastive and plain
             jobs, an unknown estimator, a bad ``top_k``, a sub-layer lens; and as
             :meth:`~captum_iglens.IGLens.attribute`.
-        TypeError: an argument :meth:`~captum_iglens.IGLens.attribute` has not.
     """
     if not lens.spec.recordable:
         raise ValueError("A recording holds the block outputs only: explain a "
                          "granularity='sublayer' lens with explain_ids (one teacher-forced "
                          "forward), not from a recording.")
-    unknown = set(attribute_kwargs) - _RECORDED_SETTINGS
-    if unknown:
-        raise TypeError(f"Unexpected arguments {sorted(unknown)}: use "
-                        f"{sorted(_RECORDED_SETTINGS)}.")
     if [job.answer_ids for job in jobs] != recording.answers:
         raise ValueError("The jobs' answers are not the recording's: one job per row.")
     _check_jobs(jobs)
     if any(job.foils is not None and len(job.foils) != len(job.answer_ids) for job in jobs):
         raise ValueError("Give one foil per answer token (contrast_per_token).")
-    vocab = lens.spec.vocab_size or recording.logits.shape[-1]
-    check_top_k(top_k, vocab)
-    method = attribute_kwargs.get("method", DEFAULT_METHOD)
-    n_steps = attribute_kwargs.get("n_steps", DEFAULT_N_STEPS)
-    check_estimator(method, n_steps)
     n_cols = recording.logits.shape[1]
     explained = torch.zeros(len(jobs), n_cols, dtype=torch.bool)
     for r, job in enumerate(jobs):
         explained[r, _kept(job)] = True
     foils = jobs[0].foils is not None
-    cap = paths_from_states(
-        recording.states, ModelDistribution.from_logits(recording.logits), lens.layer_indices,
-        recording.positions, recording.mask, _padded(recording.answers, n_cols),
-        _padded([job.foils for job in jobs], n_cols) if foils else None,  # type: ignore[misc]  # all or none
-        attribute_kwargs.get("baselines", DEFAULT_BASELINE), explained, recording.mask.shape[1])
-    rows = readout_chunk(lens.spec, attribute_kwargs.get("internal_batch_size"))
-    out = output_from_path(lens.spec, cap, method, n_steps, rows, top_k)
-    return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, onset_frac,
-                        onset_rule, attribute_kwargs) for r, job in enumerate(jobs)]
+    source = Recorded(
+        recording.states, ModelDistribution.from_logits(recording.logits),
+        recording.positions, _padded(recording.answers, n_cols), recording.mask.shape[1],
+        contrast=_padded([job.foils or [] for job in jobs], n_cols) if foils else None,
+        mask=recording.mask, explained=explained)
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
+    out, _ = attribute(lens.spec, source, settings=settings or AttributionSettings(),
+                       top_k=shown.top_k)
+    return [_row_result(out, r, job, len(job.answer_ids), tokenizer, lens, shown)
+            for r, job in enumerate(jobs)]
 
 
 def _kept(job: AnswerJob) -> list[int]:
@@ -218,14 +215,13 @@ def _columns(job: AnswerJob, n_cols: int) -> list[int]:
     return [n_cols - len(job.answer_ids) + t for t in _kept(job)]
 
 
-def _row_result(out: Any, row: int, job: AnswerJob, n_cols: int, tokenizer: Any, lens: IGLens,
-                onset_frac: float, onset_rule: str, settings: dict[str, Any]) -> IGLensResult:
+def _row_result(out: IGLensOutput, row: int, job: AnswerJob, n_cols: int, tokenizer: Any,
+                lens: IGLens, report: ReportSettings) -> IGLensResult:
     n_prompt, answer = len(job.rendered.ids), job.answer_ids
     keep = _kept(job)
     spec = AnswerSpec(
         prompt=job.prompt, input_ids=job.rendered.ids + answer, prompt_length=n_prompt,
         token_ids=[answer[t] for t in keep], positions=[n_prompt - 1 + t for t in keep],
-        method=settings.get("method", DEFAULT_METHOD),
-        n_steps=settings.get("n_steps", DEFAULT_N_STEPS),
-        onset_frac=onset_frac, onset_rule=onset_rule, model_name=lens.spec.display_name)
+        onset_frac=report.onset_frac, onset_rule=report.onset_rule,
+        model_name=lens.spec.display_name)
     return result_from_output(out, row, _columns(job, n_cols), spec, tokenizer)

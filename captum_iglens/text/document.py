@@ -19,9 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from captum_iglens._core.capture import PathCapture, paths_from_states
-from captum_iglens._core.inputs import check_top_k
-from captum_iglens._core.pipeline import check_estimator, output_from_path, readout_chunk
+from captum_iglens._core.entry import Forward, Recorded, attribute, check_estimator
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
@@ -29,11 +27,12 @@ from captum_iglens.lens.context import context_length
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensOutput, IGLensResult
 from captum_iglens.settings import (
-    DEFAULT_BASELINE,
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
+    DEFAULT_CHUNK,
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
+    AttributionSettings,
+    ReportSettings,
+    report_settings,
 )
 from captum_iglens.text.document_pass import DocumentChunk, cache_refusal, document_chunks
 from captum_iglens.text.explain_prompt import contrast_per_token
@@ -41,12 +40,6 @@ from captum_iglens.text.packaging import AnswerSpec, result_from_output
 from captum_iglens.text.prompts import render_prompt
 
 __all__ = ["DEFAULT_CHUNK", "document_positions", "explain_document"]
-
-#: Text positions per forward pass in document mode.
-DEFAULT_CHUNK = 512
-
-#: The IG-Lens settings document mode passes on.
-_SETTINGS = ("baselines", "method", "n_steps", "internal_batch_size")
 
 
 def document_positions(n_tokens: int, positions: Optional[Sequence[int]] = None,
@@ -124,13 +117,12 @@ def _check_document_baseline(baselines: BaselineSpec, n_chosen: int, n_tokens: i
             f"({n_tokens}): give [d], [1, d], [1, {n_chosen}, d] or [1, {n_tokens}, d].")
 
 
-def _chunk_path(lens: IGLens, piece: DocumentChunk, sequence: Tensor,
-                foils: Optional[list[int]], baselines: BaselineSpec,
-                n_chosen: int) -> PathCapture:
-    """The paths of one cached pass's explained positions (targets: the text's next tokens).
+def _chunk_source(piece: DocumentChunk, sequence: Tensor, foils: Optional[list[int]],
+                  baselines: BaselineSpec, n_chosen: int) -> Recorded:
+    """One cached pass's explained positions as a recording (targets: the text's next tokens).
 
     Takes the chunk's tensors (:meth:`~captum_iglens.text.document_pass.DocumentChunk.take`):
-    the path holds them alone.
+    the source holds them alone.
     """
     targets = sequence[:, [p + 1 for p in piece.positions]]
     contrast = None if foils is None else torch.tensor([foils[piece.index]])
@@ -140,47 +132,39 @@ def _chunk_path(lens: IGLens, piece: DocumentChunk, sequence: Tensor,
     else:
         start = _baseline_rows(baselines, piece.index, piece.positions, n_chosen)
         name = "tensor"
-    cap = paths_from_states(states, dist, lens.layer_indices, piece.positions, None, targets,
-                            contrast, start, None, sequence.shape[1])  # type: ignore[arg-type]  # set above
-    return replace(cap, baseline=name)
+    return Recorded(states, dist, piece.positions, targets, sequence.shape[1],
+                    contrast=contrast, start=start, start_name=name)
 
 
 def _one_pass(lens: IGLens, sequence: Tensor, chosen: list[int], chunk: int,
-              foils: Optional[list[int]], top_k: int, settings: dict[str, Any]) -> IGLensOutput:
+              foils: Optional[list[int]], top_k: int,
+              settings: AttributionSettings) -> IGLensOutput:
     """The text in cached passes of ``chunk`` positions, each chunk read out in turn."""
-    method = settings.get("method", DEFAULT_METHOD)
-    n_steps = settings.get("n_steps", DEFAULT_N_STEPS)
-    check_estimator(method, n_steps)
-    check_top_k(top_k, lens.spec.vocab_size)
-    baselines = settings.get("baselines", DEFAULT_BASELINE)
-    rows = readout_chunk(lens.spec, settings.get("internal_batch_size"))
     outputs = []
-    with closing(document_chunks(lens, sequence, chosen, chunk, baselines)) as passes, \
+    with closing(document_chunks(lens, sequence, chosen, chunk, settings.baselines)) as passes, \
             progress_bar(total=len(chosen), desc="document", unit="position") as bar:
         for piece in passes:
-            cap = _chunk_path(lens, piece, sequence, foils, baselines, len(chosen))
+            source = _chunk_source(piece, sequence, foils, settings.baselines, len(chosen))
             bar.update(len(piece.positions))
-            outputs.append(output_from_path(lens.spec, cap, method, n_steps, rows, top_k))
+            outputs.append(attribute(lens.spec, source, settings=settings, top_k=top_k)[0])
     return _concat(outputs)
 
 
 def _rerun(lens: IGLens, sequence: Tensor, chosen: list[int], chunk: int,
-           foils: Optional[list[int]], top_k: int, settings: dict[str, Any]) -> IGLensOutput:
+           foils: Optional[list[int]], top_k: int,
+           settings: AttributionSettings) -> IGLensOutput:
     """One forward over the whole text per chunk of ``chunk`` explained positions."""
     outputs = []
     for begin in progress_bar(range(0, len(chosen), chunk), desc="document chunks",
                               unit="chunk"):
         part = chosen[begin:begin + chunk]
         target = sequence[:, [p + 1 for p in part]]
-        kwargs = dict(settings)
-        if "baselines" in kwargs:
-            kwargs["baselines"] = _baseline_rows(kwargs["baselines"],
-                                                 slice(begin, begin + chunk), part, len(chosen))
-        if foils is not None:
-            kwargs["contrast"] = torch.tensor([foils[begin:begin + chunk]],
-                                              device=sequence.device)
-        outputs.append(lens.attribute_details(sequence, target=target, positions=part,
-                                              top_k=top_k, **kwargs))
+        rows = replace(settings, baselines=_baseline_rows(
+            settings.baselines, slice(begin, begin + chunk), part, len(chosen)))
+        contrast = None if foils is None else torch.tensor([foils[begin:begin + chunk]],
+                                                           device=sequence.device)
+        source = Forward(sequence, target=target, positions=part, contrast=contrast)
+        outputs.append(attribute(lens.spec, source, settings=rows, top_k=top_k)[0])
     return _concat(outputs)
 
 
@@ -189,7 +173,11 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
                      chunk: int = DEFAULT_CHUNK, contrast: Any = None,
                      onset_frac: float = DEFAULT_ONSET_FRAC,
                      onset_rule: str = DEFAULT_ONSET_RULE, top_k: int = 0,
-                     one_pass: bool = True, **attribute_kwargs: Any) -> IGLensResult:
+                     one_pass: bool = True, *, baselines: Optional[BaselineSpec] = None,
+                     method: Optional[str] = None, n_steps: Optional[int] = None,
+                     internal_batch_size: Optional[int] = None,
+                     settings: Optional[AttributionSettings] = None,
+                     report: Optional[ReportSettings] = None) -> IGLensResult:
     """IG-Lens over the next-token predictions of ``text`` (teacher forcing).
 
     The text runs once, ``chunk`` positions per forward pass with the KV cache of the
@@ -215,9 +203,17 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
         one_pass (bool, optional): ``False`` re-runs the whole text for each chunk of
             explained positions even where the cache could serve (to compare the two).
             Default: True.
-        **attribute_kwargs: ``baselines`` (a name, or a float tensor ``[d]``, ``[1, d]``,
-            ``[1, T, d]`` or ``[1, S, d]``, or reference ids ``[1, S]``), ``method``,
-            ``n_steps``, ``internal_batch_size``.
+        baselines (optional): Keyword-only: a name, or a float tensor ``[d]``, ``[1, d]``,
+            ``[1, T, d]`` or ``[1, S, d]``, or reference ids ``[1, S]``.
+        method (str, optional): Keyword-only: the estimator. Default: ``"prediction_aware"``.
+        n_steps (int, optional): Keyword-only: its steps per segment. Default: 50.
+        internal_batch_size (int, optional): Keyword-only: readout rows per chunk.
+            Each of these four given replaces its field of ``settings``.
+        settings (AttributionSettings, optional): Keyword-only: the attribution settings in
+            one object. Default: :class:`~captum_iglens.settings.AttributionSettings`'s.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         IGLensResult: ``T`` explained positions x ``k`` layers; ``prompt`` is the text,
@@ -231,9 +227,11 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}.")
-    unknown = set(attribute_kwargs) - set(_SETTINGS)
-    if unknown:
-        raise TypeError(f"Unexpected arguments {sorted(unknown)}: use {list(_SETTINGS)}.")
+    settings = (settings or AttributionSettings()).updated(
+        baselines=baselines, method=method, n_steps=n_steps,
+        internal_batch_size=internal_batch_size)
+    check_estimator(settings.method, settings.n_steps)  # before the text's first pass
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
     ids = render_prompt(tokenizer, text, chat_template=False).ids
     limit = context_length(lens.model)
     if limit is not None and len(ids) > limit:
@@ -242,19 +240,15 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
     chosen = document_positions(len(ids), positions, stride)
     foils = contrast_per_token(contrast, len(chosen)) if contrast is not None else None
     sequence = torch.tensor([ids], device=input_device(lens.model))
-    baselines = attribute_kwargs.get("baselines", DEFAULT_BASELINE)
-    _check_document_baseline(baselines, len(chosen), len(ids))
-    refusal = cache_refusal(lens.model, len(ids), baselines)
+    _check_document_baseline(settings.baselines, len(chosen), len(ids))
+    refusal = cache_refusal(lens.model, len(ids), settings.baselines)
     # sub-layer nodes are captured by a whole forward (attribute_details): re-run
     block = lens.spec.recordable
     run = _one_pass if one_pass and refusal is None and block else _rerun
-    output = run(lens, sequence, chosen, chunk, foils, top_k, attribute_kwargs)
+    output = run(lens, sequence, chosen, chunk, foils, shown.top_k, settings)
     spec = AnswerSpec(prompt=text, input_ids=list(ids), prompt_length=1,
                       token_ids=[ids[p + 1] for p in chosen], positions=chosen,
-                      method=attribute_kwargs.get("method", DEFAULT_METHOD),
-                      n_steps=attribute_kwargs.get("n_steps", DEFAULT_N_STEPS),
-                      onset_frac=onset_frac,
-                      onset_rule=onset_rule, model_name=lens.spec.display_name)
+                      onset_frac=shown.onset_frac, onset_rule=shown.onset_rule,
+                      model_name=lens.spec.display_name)
     result = result_from_output(output, 0, range(len(chosen)), spec, tokenizer)
-    result.extras["document"] = True
-    return result
+    return replace(result, extras={**result.extras, "document": True})

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.baselines import MEAN_BASELINE_LAYER, is_reference_ids
-from captum_iglens._core.capture import recorded_layers
+from captum_iglens._core.entry import layers_to_record
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import UNCACHED_DOCUMENTS, family_row
@@ -213,7 +213,7 @@ def document_chunks(lens: IGLens, sequence: Tensor, chosen: Sequence[int], chunk
         FloatingPointError, ResidualShapeError: as :func:`_cached_pass`.
         RuntimeError: the forward handed back no cache.
     """
-    needed, whole = recorded_layers(lens.layer_indices, baselines)
+    needed, whole = layers_to_record(lens.spec, baselines)
     running = _RunningMean() if MEAN_BASELINE_LAYER in whole else None
     cache, begin = None, 0
     for start in range(0, chosen[-1] + 1, chunk):

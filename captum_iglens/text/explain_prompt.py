@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
+from captum_iglens._core.entry import Forward, attribute
 from captum_iglens._core.inputs import check_token_ids
-from captum_iglens._utils.typing import LayerSpec
+from captum_iglens._utils.typing import BaselineSpec, LayerSpec
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import display_name, strip_parallel
 from captum_iglens.lens.context import check_context
 from captum_iglens.lens.state import input_device
 from captum_iglens.results import IGLensResult
 from captum_iglens.settings import (
-    DEFAULT_BASELINE,
-    DEFAULT_EFFECT,
-    DEFAULT_GRANULARITY,
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
-    DEFAULT_UNITS,
+    AttributionSettings,
+    GenerationSettings,
+    ReportSettings,
+    report_settings,
 )
 from captum_iglens.text.batched import AnswerJob, explain_recorded
 from captum_iglens.text.generation import DEFAULT_MAX_NEW_TOKENS, end_ids, generate_answer
@@ -65,7 +65,13 @@ def explain_ids(
     onset_rule: str = DEFAULT_ONSET_RULE,
     top_k: int = 0,
     contrast: Optional[Sequence[int]] = None,
-    **attribute_kwargs: Any,
+    *,
+    baselines: Optional[BaselineSpec] = None,
+    method: Optional[str] = None,
+    n_steps: Optional[int] = None,
+    internal_batch_size: Optional[int] = None,
+    settings: Optional[AttributionSettings] = None,
+    report: Optional[ReportSettings] = None,
 ) -> IGLensResult:
     """IG-Lens over every token of ``answer_ids`` with one teacher-forced forward.
 
@@ -89,8 +95,18 @@ def explain_ids(
             token or one per answer token: the credits then decompose
             ``p(token) - p(foil)`` (log units: ``log p(token) - log p(foil)``, nats).
             Default: None.
-        **attribute_kwargs: Passed to :meth:`~captum_iglens.IGLens.attribute`:
-            ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
+        baselines (str or Tensor, optional): Keyword-only, as for
+            :meth:`~captum_iglens.IGLens.attribute`. Default: ``"mean"``.
+        method (str, optional): Keyword-only: the estimator. Default: ``"prediction_aware"``.
+        n_steps (int, optional): Keyword-only: its steps per segment. Default: 50.
+        internal_batch_size (int, optional): Keyword-only: readout rows per chunk.
+        settings (AttributionSettings, optional): Keyword-only: the attribution settings
+            in one object (its ``method``, ``n_steps``, ``baselines`` and
+            ``internal_batch_size``; the lens's own units, granularity and effect decide).
+            Each of the four above given replaces its field.
+        report (ReportSettings, optional): Keyword-only: ``onset_frac``, ``onset_rule`` and
+            ``top_k`` in one object (:class:`~captum_iglens.settings.ReportSettings`),
+            instead of those arguments (given both, ``ValueError``).
 
     Returns:
         IGLensResult: ``[T, k]`` credits and logit-lens levels, ``p_final``, onset layers,
@@ -116,28 +132,27 @@ def explain_ids(
     n_prompt = len(prompt_ids)
     positions = list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids)))
     target = torch.tensor([list(answer_ids)], device=device)
-    if contrast is not None:
-        foils = contrast_per_token(contrast, len(answer_ids))
-        attribute_kwargs["contrast"] = torch.tensor([foils], device=device)
-    out = lens.attribute_details(ids, target=target, positions=positions, top_k=top_k,
-                                 **attribute_kwargs)
-    spec = answer_spec(model, prompt, prompt_ids, answer_ids, onset_frac, onset_rule,
-                       attribute_kwargs)
+    foils = None if contrast is None else torch.tensor(
+        [contrast_per_token(contrast, len(answer_ids))], device=device)
+    chosen = (settings or AttributionSettings()).updated(
+        baselines=baselines, method=method, n_steps=n_steps,
+        internal_batch_size=internal_batch_size)
+    shown = report_settings(report, onset_frac=onset_frac, onset_rule=onset_rule, top_k=top_k)
+    out, _ = attribute(lens.spec, Forward(ids, target=target, positions=positions,
+                                          contrast=foils), settings=chosen, top_k=shown.top_k)
+    spec = answer_spec(model, prompt, prompt_ids, answer_ids, shown)
     return result_from_output(out, 0, range(len(answer_ids)), spec, tokenizer)
 
 
 def answer_spec(model: nn.Module, prompt: str, prompt_ids: Sequence[int],
-                answer_ids: Sequence[int], onset_frac: float, onset_rule: str,
-                attribute_kwargs: dict[str, Any]) -> AnswerSpec:
+                answer_ids: Sequence[int], report: ReportSettings) -> AnswerSpec:
     """What the result of one explained answer records beside its numbers."""
     n_prompt = len(prompt_ids)
     return AnswerSpec(prompt=prompt, input_ids=list(prompt_ids) + list(answer_ids),
                       prompt_length=n_prompt, token_ids=list(answer_ids),
                       positions=list(range(n_prompt - 1, n_prompt - 1 + len(answer_ids))),
-                      method=attribute_kwargs.get("method", DEFAULT_METHOD),
-                      n_steps=attribute_kwargs.get("n_steps", DEFAULT_N_STEPS),
-                      onset_frac=onset_frac,
-                      onset_rule=onset_rule, model_name=display_name(model))
+                      onset_frac=report.onset_frac, onset_rule=report.onset_rule,
+                      model_name=display_name(model))
 
 
 def contrast_per_token(contrast: Any, n_tokens: int) -> list[int]:
@@ -167,13 +182,18 @@ def explain(
     target: TargetText = None,
     onset_rule: str = DEFAULT_ONSET_RULE,
     template_kwargs: Optional[dict[str, Any]] = None,
-    units: str = DEFAULT_UNITS,
+    units: Optional[str] = None,
     top_k: int = 0,
     contrast: TargetText = None,
-    granularity: str = DEFAULT_GRANULARITY,
-    heads: bool = False,
-    effect: str = DEFAULT_EFFECT,
-    **attribute_kwargs: Any,
+    granularity: Optional[str] = None,
+    heads: Optional[bool] = None,
+    effect: Optional[str] = None,
+    *,
+    baselines: Optional[BaselineSpec] = None,
+    method: Optional[str] = None,
+    n_steps: Optional[int] = None,
+    internal_batch_size: Optional[int] = None,
+    settings: Optional[AttributionSettings] = None,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
 
@@ -228,9 +248,14 @@ def explain(
             first-order estimates, not a decomposition); see :class:`~captum_iglens.IGLens`.
             A total-effect answer is generated first and then explained with one
             teacher-forced forward.
-        **attribute_kwargs: Attribution settings, passed to
-            :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
-            ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
+        baselines (str or Tensor, optional): Keyword-only, as for
+            :meth:`~captum_iglens.IGLens.attribute`. Default: ``"mean"``.
+        method (str, optional): Keyword-only: the estimator. Default: ``"prediction_aware"``.
+        n_steps (int, optional): Keyword-only: its steps per segment. Default: 50.
+        internal_batch_size (int, optional): Keyword-only: readout rows per chunk.
+        settings (AttributionSettings, optional): Keyword-only: all of them in one object
+            (:class:`~captum_iglens.settings.AttributionSettings`); each argument above
+            given (``units`` to ``effect`` included) replaces its field.
 
     Returns:
         IGLensResult (or a list of them, one per prompt, for several prompts).
@@ -252,18 +277,24 @@ def explain(
     """
     check_prompt_type(prompt)
     model = strip_parallel(model)
-    lens = IGLens(model, layers=layers, units=units, granularity=granularity, heads=heads,
-                  effect=effect)
-    settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
-                    chat_template=chat_template, target=target, lens=lens, top_k=top_k,
-                    onset_rule=onset_rule, template_kwargs=template_kwargs, contrast=contrast,
-                    **attribute_kwargs)
+    chosen = (settings or AttributionSettings()).updated(
+        baselines=baselines, method=method, n_steps=n_steps,
+        internal_batch_size=internal_batch_size, units=units, granularity=granularity,
+        heads=heads, effect=effect)
+    lens = IGLens(model, layers=layers, **chosen.lens_options())
+    report = ReportSettings(onset_frac, onset_rule, top_k)
+    generation = GenerationSettings(max_new_tokens, chat_template, template_kwargs)
+
+    def one(text: str) -> IGLensResult:
+        return _explain_one(model, tokenizer, text, lens=lens, settings=chosen, report=report,
+                            generation=generation, target=target, contrast=contrast)
+
     if isinstance(prompt, str):
-        return _explain_one(model, tokenizer, prompt, **settings)
+        return one(prompt)
     prompts = list(prompt)
     if not prompts:
         raise ValueError("No prompts given.")
-    return [_explain_one(model, tokenizer, p, **settings) for p in prompts]
+    return [one(p) for p in prompts]
 
 
 def _answer_ids(
@@ -293,17 +324,18 @@ def foil_ids(tokenizer: Any, contrast: TargetText) -> Optional[list[int]]:
 
 
 def _explain_one(
-    model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int, onset_frac: float,
-    chat_template: bool, target: TargetText, lens: IGLens, onset_rule: str,
-    template_kwargs: Optional[dict[str, Any]], top_k: int, contrast: TargetText,
-    **attribute_kwargs: Any,
+    model: nn.Module, tokenizer: Any, prompt: str, *, lens: IGLens,
+    settings: AttributionSettings, report: ReportSettings, generation: GenerationSettings,
+    target: TargetText, contrast: TargetText,
 ) -> IGLensResult:
-    rendered = render_prompt(tokenizer, prompt, chat_template, template_kwargs)
+    max_new_tokens = generation.max_new_tokens
+    rendered = render_prompt(tokenizer, prompt, generation.chat_template,
+                             generation.template_kwargs)
     foils = foil_ids(tokenizer, contrast)
     check_token_ids(torch.tensor([rendered.ids]), lens.spec.vocab_size)  # before generate
     if target is None:
         check_context(model, len(rendered.ids), max_new_tokens, generated=True)
-    baselines = attribute_kwargs.get("baselines", DEFAULT_BASELINE)
+    baselines = settings.baselines
     if target is None and can_record(baselines, model) and lens.spec.recordable:
         # the generation's own passes are recorded: no second, teacher-forced forward
         recording = generate_recording(lens, tokenizer, [rendered.ids], max_new_tokens,
@@ -311,36 +343,36 @@ def _explain_one(
         answer = recording.answers[0]
         job = AnswerJob(prompt, rendered, answer, generated=True,
                         foils=None if foils is None else contrast_per_token(foils, len(answer)))
-        result = explain_recorded(lens, tokenizer, recording, [job], onset_frac, onset_rule,
-                                  top_k, **attribute_kwargs)[0]
-        annotate_answer(result, model, tokenizer, rendered, True, max_new_tokens)
-        return result
+        result = explain_recorded(lens, tokenizer, recording, [job], settings=settings,
+                                  report=report)[0]
+        return annotate_answer(result, model, tokenizer, rendered, True, max_new_tokens)
     answer_ids, generated = _answer_ids(model, tokenizer, rendered, target, max_new_tokens)
-    result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer,
-                         onset_frac=onset_frac, prompt=prompt, lens=lens,
-                         onset_rule=onset_rule, top_k=top_k, contrast=foils,
-                         **attribute_kwargs)
-    annotate_answer(result, model, tokenizer, rendered, generated, max_new_tokens)
-    return result
+    result = explain_ids(model, rendered.ids, answer_ids, tokenizer=tokenizer, prompt=prompt,
+                         lens=lens, contrast=foils, settings=settings, report=report)
+    return annotate_answer(result, model, tokenizer, rendered, generated, max_new_tokens)
 
 
 def annotate_answer(result: IGLensResult, model: nn.Module, tokenizer: Any,
-                    rendered: RenderedPrompt, generated: bool, max_new_tokens: int) -> None:
-    """Record how the prompt was rendered and the answer obtained, in place.
+                    rendered: RenderedPrompt, generated: bool,
+                    max_new_tokens: int) -> IGLensResult:
+    """``result`` with how the prompt was rendered and the answer obtained: a new result.
 
     A generated answer gets ``max_new_tokens``, ``truncated`` (stopped at the limit before an
     end token) and a warning naming tokens that are not the argmax of the explained forward.
+    ``result`` itself is not changed.
     """
-    result.chat_template_used = rendered.chat_template_used
-    result.rendered_prompt = rendered.text
-    result.template_uses_clock = rendered.uses_clock
-    result.generated = generated
+    answer_ids = result.input_ids[result.prompt_length:]  # all of it, reported or not
+    done = replace(
+        result, chat_template_used=rendered.chat_template_used,
+        rendered_prompt=rendered.text, template_uses_clock=rendered.uses_clock,
+        generated=generated,
+        max_new_tokens=max_new_tokens if generated else result.max_new_tokens,
+        truncated=(len(answer_ids) >= max_new_tokens
+                   and answer_ids[-1] not in end_ids(model, tokenizer)) if generated
+        else result.truncated)
     if generated:
-        answer_ids = result.input_ids[result.prompt_length:]  # all of it, reported or not
-        result.max_new_tokens = max_new_tokens
-        result.truncated = (len(answer_ids) >= max_new_tokens
-                            and answer_ids[-1] not in end_ids(model, tokenizer))
-        _warn_not_argmax(result)
+        _warn_not_argmax(done)
+    return done
 
 
 def _warn_not_argmax(result: IGLensResult) -> None:

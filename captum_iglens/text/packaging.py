@@ -19,8 +19,6 @@ from captum_iglens._utils.format import as_cpu
 from captum_iglens.results.explanation import IGLensResult
 from captum_iglens.results.output import IGLensOutput
 from captum_iglens.settings import (
-    DEFAULT_METHOD,
-    DEFAULT_N_STEPS,
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
 )
@@ -40,8 +38,6 @@ class AnswerSpec:
         prompt_length (int): Number of prompt tokens; the answer is the rest.
         token_ids (list[int]): The ``T`` explained targets.
         positions (list[int]): Where each is predicted, in ``input_ids``.
-        method (str): The estimator.
-        n_steps (int): Its steps per segment.
         onset_frac (float): Fraction of the onset rule.
         onset_rule (str): ``"sustained"`` or ``"mass"``.
         model_name (str): The model's display name.
@@ -52,8 +48,6 @@ class AnswerSpec:
     prompt_length: int
     token_ids: list[int]
     positions: list[int]
-    method: str = DEFAULT_METHOD
-    n_steps: int = DEFAULT_N_STEPS
     onset_frac: float = DEFAULT_ONSET_FRAC
     onset_rule: str = DEFAULT_ONSET_RULE
     model_name: str = ""
@@ -68,7 +62,8 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         row (int): The batch row, ``0 <= row < B``.
         columns (sequence of int): ``T`` indices into the ``P`` explained positions, one per
             answer token, in answer order.
-        spec (AnswerSpec): Sequence, targets and settings; ``len(spec.token_ids) == T``.
+        spec (AnswerSpec): Sequence, targets and report settings; ``len(spec.token_ids) ==
+            T`` (the estimator and its steps are ``out``'s).
         tokenizer (optional): Decodes the answer and its tokens (ids as text without one).
 
     Returns:
@@ -104,10 +99,10 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         p_baseline=as_cpu(out.p_baseline[row, cols]),
         convergence_delta=as_cpu(out.convergence_delta[row, cols]),
         onset_layers=[int(o) for o in onsets.tolist()],
-        method=out.method if out.method is not None else spec.method,
+        method=out.method,
         baseline=out.baseline,
         baseline_description=_describe(out),
-        n_steps=out.n_steps if out.n_steps is not None else spec.n_steps,
+        n_steps=out.n_steps,
         onset_frac=spec.onset_frac,
         onset_rule=spec.onset_rule,
         model_name=spec.model_name,

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_iglens._core.baseline_rows import recordable_baselines
-from captum_iglens._core.capture import recorded_layers
+from captum_iglens._core.entry import layers_to_record
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.architectures import model_type, unwrap_model
 from captum_iglens.lens.families import family_row
@@ -146,7 +146,7 @@ def generate_recording(lens: IGLens, tokenizer: Any, prompt_ids: Sequence[Sequen
     if not can_record(baselines):
         raise ValueError(f"baselines={baselines!r} cannot be recorded while generating: use "
                          f"one of {RECORDABLE_BASELINES}, or teacher forcing.")
-    needed, whole = recorded_layers(lens.layer_indices, baselines)
+    needed, whole = layers_to_record(lens.spec, baselines)
     device = lens.spec.readout_device
     passes: dict[int, list[Tensor]] = {}  # every block, chosen or not: name the first NaN
     with record_residual_steps(blocks, needed, device, whole, passes) as steps:
