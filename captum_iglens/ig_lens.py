@@ -128,7 +128,7 @@ class IGLens(GradientAttribution):
                 its reference (``baselines``: ``"mean"``, ``"zero"`` or reference ids), adding
                 up to ``F(1) - F(0)``; ``"atp"``: attribution patching (not additive). See
                 :mod:`captum_iglens._core.total_effect` (sub-layer and head gates too).
-            lens (LayerReadout, optional): Per-layer readout (:mod:`captum_iglens.lens.layer_readout`).
+            lens (LayerReadout, optional): See :mod:`captum_iglens.lens.layer_readout`.
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
