@@ -321,9 +321,7 @@ def run_total(
                                                   spec.effect, request.explained, 1,
                                                   head_refs, grad_drop)
     out = _output(spec, clean, request, credits, start, end, heads, ids, tgt, foil, name,
-                  internal_batch_size, top_k, method, n_steps)
-    if grad_drop:
-        out.method = "atp*"
+                  internal_batch_size, top_k, "atp*" if grad_drop else method, n_steps)
     return out, request.single
 
 
@@ -335,16 +333,16 @@ def _output(spec: LensSpec, clean: CleanTrace, request: PathRequest, credits: Te
     log, check = spec.units == "log-probability", spec.check_readout
     levels, argmax, top = lens_levels(spec, clean, ids, internal_batch_size, top_k)
     clean.check_end(end, ids, log, request.explained, check)
-    out = IGLensOutput(
+    top_probs, top_ids = top if top is not None else (None, None)
+    return IGLensOutput(
         attributions=credits, convergence_delta=credits.double().sum(-1).to(credits.dtype)
         - (end - start), lens_probs=levels, p_final=end, p_baseline=start,
         target=tgt, positions=request.positions, layer_indices=spec.node_indices,
         granularity=spec.granularity,
         baseline=name, model_argmax=argmax, units=spec.units, contrast=foil,
-        effect=spec.effect, method="atp" if spec.effect == "atp" else method,
-        n_steps=1 if spec.effect == "atp" else int(n_steps))
-    if top is not None:
-        out.top_k_probs, out.top_k_ids = top
-    if heads is not None:
-        out.head_credits, out.head_rest = heads[..., :-1], heads[..., -1]
-    return out
+        effect=spec.effect,
+        method=method if method == "atp*" or spec.effect != "atp" else "atp",
+        n_steps=1 if spec.effect == "atp" else int(n_steps),
+        top_k_probs=top_probs, top_k_ids=top_ids,
+        head_credits=None if heads is None else heads[..., :-1],
+        head_rest=None if heads is None else heads[..., -1])

@@ -19,7 +19,7 @@ from captum_iglens.settings import (
 __all__ = ["IGLensOutput"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class IGLensOutput:
     """Everything one IG-Lens pass computes, for ``B`` inputs, ``P`` positions, ``k`` layers.
 
