@@ -99,8 +99,9 @@ def test_max_pairs_and_the_cost_model(tiny_folder, pairs_file, tmp_path, capsys)
     cost = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert cost["counts"]["used"] == 5
     expected = runner.cost_model(3, 5, cost["seq_len"], 3)
-    assert cost["total_rows"] == expected["total_rows"] > 0
-    assert runner.cost_model(3, 10, 6, 3)["total_sequence"] == 2 * expected["total_sequence"]
+    assert cost["cached_rows"] == expected["cached_rows"] > 0
+    assert runner.cost_model(3, 10, 6, 3)["sequence_forwards"] == (
+        2 * expected["sequence_forwards"])
     assert not (tmp_path / "b" / "cells" / "tiny-llama__tiny_pairs.json").exists()
 
 
@@ -109,3 +110,28 @@ def test_the_default_families_are_the_required_ones() -> None:
                                           "gemma-3-270m"]
     assert runner.family_runs_task("qwen2.5-coder-1.5b-instruct", "ioi")
     assert not runner.family_runs_task("qwen2.5-coder-1.5b-instruct", "factual")
+
+
+def test_the_cost_model_counts_the_cached_rows_exactly(tiny_folder, pairs_file, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from captum_iglens.validate.ablation import BlockAblation
+    from captum_iglens.validate.pairs import load_pairs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    rows = []
+    original = BlockAblation.run_plan
+
+    def counting(self, trace, pos, plan, ids):
+        rows.append(plan.n_rows)
+        return original(self, trace, pos, plan, ids)
+
+    monkeypatch.setattr(BlockAblation, "run_plan", counting)
+    pairs = load_pairs(pairs_file)[:6]
+    cell = runner.run_cell(model, tok, "tiny", "t", pairs, None, 20, 0, progress=False,
+                           captum_steps=2, n_boot_decide=100)
+    # a random subset that holds no block is the clean row (1/8 of them at 3 blocks)
+    empty = sum(int((~np.asarray(d["masks"]).any(-1)).sum())
+                for d in cell["measurements"]["subsets"].values())
+    assert sum(rows) == runner.cost_model(3, 6, 6, 3)["cached_rows"] - empty

@@ -466,35 +466,43 @@ def cost_model(n_blocks: int, n_pairs: int, seq_len: int, n_seeds: int = 3,
                subsets: int = SUBSETS) -> dict[str, int]:
     """Forwards one cell costs, by kind, before it runs (the benchmark's cost model).
 
-    Two kinds of forward: a *row* is one position's single-token forward over a cached
-    prefix (ablation, patching, curves, the total effect's gated rows; batched), a
-    *sequence* forward runs the whole prompt (traces, IG-Lens, the Captum layer runs, the
-    sequence scope's rows; a backward is counted as two forwards). Per pair with ``n``
-    blocks and ``S`` seeds: ablation ``2 n + S (donors n + subsets)`` rows; patching
-    ``2 (n + 3) + 2 (n + 1)`` rows; curves ``(9 + 2 + S) 2 (n + 1)`` rows; total effect
-    (3 groups, 8 steps) ``3 (9 + 3 * 2 + 3 (2 + n))`` rows counting backwards; sequence
-    scope ``3 * 9 * 3`` sequence rows; Captum ``2 methods x 2 references x n x steps x 3``
-    sequence rows; traces and IG-Lens about ``8`` sequence forwards.
+    Three kinds, per pair with ``n`` blocks, ``S`` seeds, ``D`` donors, ``M`` subsets:
+
+    * **cached rows**: single-token forwards over the clean KV cache, batched per call
+      (:meth:`~captum_iglens.validate.ablation.BlockAblation.run_plan`), counted exactly:
+      ablation ``1 + 2n + S (D n + M)``, :func:`~captum_iglens.validate.patching.patch_pair`
+      ``2 (n + 3)``, the three-unit patching rows ``2 (n + 1)``, the curves ``(11 + S)
+      (1 + 2n)`` (9 model predictors, last layer, the other prompts' profile, a random
+      ranking per seed; the empty ``k = 0`` deletion and ``k = n`` keep rows are the clean
+      row);
+    * **gated rows**: the total effect's single-position rows with a backward, per reference
+      group (3): position scope ``8 + 1``, AtP ``2``, AtP* ``2 + n`` (an estimate from
+      :mod:`captum_iglens._core.total_effect`'s docstring);
+    * **sequence forwards** of the whole prompt: traces and IG-Lens (``8``), the sequence
+      scope ``3 (8 + 1)`` (with a backward), and the Captum layer runs ``2 methods x 2
+      references x n x steps`` (each with a backward; the mean group reuses the zero
+      group's reference).
 
     Returns:
-        dict: ``rows``, ``sequence``, per kind and in total (``total_rows``,
-        ``total_sequence``), for ``n_pairs`` pairs.
+        dict: per kind and component for ``n_pairs`` pairs; ``cached_rows``,
+        ``gated_rows``, ``sequence_forwards`` the totals; ``seq_len`` as given.
     """
     from captum_iglens.validate.benchmark.predict import CAPTUM_STEPS, TOTAL_STEPS
 
     n, s = int(n_blocks), int(n_seeds)
+    d = min(int(donors), max(int(n_pairs) - 1, 0))
     steps = CAPTUM_STEPS if captum_steps is None else int(captum_steps)
-    rankings = 9 + 2 + s
-    rows = {"ablation": 2 * n + s * (donors * n + subsets),
-            "patching": 2 * (n + 3) + 2 * (n + 1),
-            "curves": rankings * 2 * (n + 1),
-            "total effect and AtP": 3 * ((TOTAL_STEPS + 1) * 3 + 2 * 3 + (2 + n) * 3)}
-    seq = {"traces and IG-Lens": 8, "sequence scope": 3 * (TOTAL_STEPS + 1) * 3,
-           "Captum layer methods": 2 * 2 * n * steps * 3}
-    out = {f"rows: {k}": v * n_pairs for k, v in rows.items()}
-    out.update({f"sequence: {k}": v * n_pairs for k, v in seq.items()})
-    out["total_rows"] = sum(rows.values()) * n_pairs
-    out["total_sequence"] = sum(seq.values()) * n_pairs
+    cached = {"ablation": 1 + 2 * n + s * (d * n + subsets), "patch_pair": 2 * (n + 3),
+              "patching units": 2 * (n + 1), "curves": (11 + s) * (1 + 2 * n)}
+    gated = {"total effect and AtP": 3 * ((TOTAL_STEPS + 1) + 2 + (2 + n))}
+    seq = {"traces and IG-Lens": 8, "sequence scope": 3 * (TOTAL_STEPS + 1),
+           "Captum layer methods": 2 * 2 * n * steps}
+    out = {f"cached rows: {k}": v * n_pairs for k, v in cached.items()}
+    out.update({f"gated rows: {k}": v * n_pairs for k, v in gated.items()})
+    out.update({f"sequence forwards: {k}": v * n_pairs for k, v in seq.items()})
+    out["cached_rows"] = sum(cached.values()) * n_pairs
+    out["gated_rows"] = sum(gated.values()) * n_pairs
+    out["sequence_forwards"] = sum(seq.values()) * n_pairs
     out["seq_len"] = int(seq_len)
     return out
 
