@@ -105,7 +105,7 @@ def row_spearman(scores: np.ndarray, drops: np.ndarray) -> np.ndarray:
     from scipy.stats import rankdata
 
     a, b = np.asarray(scores, np.float64), np.asarray(drops, np.float64)
-    bad = ~(np.isfinite(a).all(1) & np.isfinite(b).all(1))
+    bad = np.asarray(~(np.isfinite(a).all(1) & np.isfinite(b).all(1)), bool)
     a, b = np.where(bad[:, None], 0.0, a), np.where(bad[:, None], 0.0, b)
     ra, rb = rankdata(a, axis=1), rankdata(b, axis=1)
     ra, rb = ra - ra.mean(1, keepdims=True), rb - rb.mean(1, keepdims=True)

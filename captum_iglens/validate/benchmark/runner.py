@@ -162,7 +162,7 @@ def measure_cell(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
     subsets: dict[str, dict[str, list]] = {str(s): {"masks": [], "drops": []} for s in seeds}
     checks: dict[str, float] = {}
     errors: dict[str, str] = {}
-    lens_rows = []
+    lens_rows: list[np.ndarray] = []
     for j, (pair, (clean, corrupted, y, foil)) in enumerate(
             zip(tqdm(pairs, desc="measure", unit="pair", disable=not shown), ids,
                 strict=True)):
@@ -194,8 +194,8 @@ def measure_cell(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
         found = token_predictors(model, tokenizer, ablation, t_clean, clean, corrupted, y, foil,
                                  patch, captum_steps or CAPTUM_STEPS, errors)
         for group, by_name in found.items():
-            for name, v in by_name.items():
-                preds.setdefault(group, {}).setdefault(name, []).append(v)
+            for name, scores in by_name.items():
+                preds.setdefault(group, {}).setdefault(name, []).append(scores)
         lens_rows.append(found["mean"]["logit-lens level"])
     data: dict[str, Any] = {
         "n": n, "drops": {k: measure.stack_units(v) for k, v in drops.items()},
