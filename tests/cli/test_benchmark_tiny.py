@@ -135,3 +135,14 @@ def test_the_cost_model_counts_the_cached_rows_exactly(tiny_folder, pairs_file, 
     empty = sum(int((~np.asarray(d["masks"]).any(-1)).sum())
                 for d in cell["measurements"]["subsets"].values())
     assert sum(rows) == runner.cost_model(3, 6, 6, 3)["cached_rows"] - empty
+
+
+def test_no_progress_silences_every_bar(tiny_folder, pairs_file, tmp_path, capsys):
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--max-pairs", "3", "--captum-steps", "2", "--n-boot", "20"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    shown = capsys.readouterr().err
+    assert "measure" in shown and "curves" in shown  # the bars draw without the flag
+    assert main([*argv, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    quiet = capsys.readouterr().err
+    assert "measure" not in quiet and "curves" not in quiet and "it/s" not in quiet
