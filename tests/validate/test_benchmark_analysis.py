@@ -219,3 +219,16 @@ def test_joint_rows_match_a_full_hooked_forward() -> None:
     with torch.no_grad():
         alone = token_probs(ablation.readout(trace.hidden[pos, 0][None]), torch.tensor([y]))
     assert abs(float(got[2] - alone[0, 0])) <= tol
+
+
+def test_the_onset_of_last_layer_always_is_the_last_block() -> None:
+    prereg = load_preregistration()
+    data = _data(6)
+    drops = np.zeros((N_TOK, N_BLOCKS))
+    drops[:, -1] = 1.0  # every recovery sits in the last block: its half point is the last
+    data["drops"]["patch"]["logit difference"] = drops + 1e-3 * np.arange(N_BLOCKS)
+    gains = analysis.per_token(data, 0, prereg)["onset_gain"]["patch"]
+    n_view = N_BLOCKS - 1  # block 1 left out
+    chance = np.abs(np.arange(n_view) - (n_view - 1)).mean()
+    assert np.abs(gains["last layer always"] - chance).max() <= 1e-12  # the best gain there is
+    assert (gains["random"] <= chance + 1e-12).all()

@@ -15,12 +15,14 @@ benchmark.runner.measure_cell`, plain arrays, so that a test can plant them):
 
 Per token: Spearman rho of predictor and drops over the blocks of a view (all blocks, and
 the pre-registration's decided view without the intervention's excluded block), the onset
-gain (:func:`~captum_iglens.validate.metrics.onset_gain`), the comprehensiveness and
-sufficiency areas (mean over ``k``) and the infidelity ``mean_S (sum_{L in S} a_L -
-drop(S))^2`` (the formula of :func:`captum.metrics.infidelity` with the block mask as the
-perturbation). "last layer always", the other clusters' mean drop profile and random are
-made here (:func:`derived_predictors`). Summaries: mean and median, cluster-bootstrap 95%
-interval, ``n``, minimum detectable effect; hypotheses through
+gain (:func:`~captum_iglens.validate.metrics.onset_gain`; a predictor's onset is the
+half-point of its cumulative scores, "last layer always"'s the last block), the
+comprehensiveness and sufficiency areas (mean over ``k``) and the infidelity
+``mean_S (sum_{L in S} a_L - drop(S))^2`` (the formula of
+:func:`captum.metrics.infidelity` with the block mask as the perturbation). "last layer
+always", the other clusters' mean drop profile and random are made here
+(:func:`derived_predictors`). Summaries: mean and median, cluster-bootstrap 95% interval,
+``n``, minimum detectable effect; hypotheses through
 :func:`~captum_iglens.validate.benchmark.decide.decide`.
 """
 
@@ -194,7 +196,10 @@ def _rho_part(data: Mapping[str, Any], kind: str, seed: int, prereg: Preregistra
             gains = {}
             for name in present:
                 sc = _view(scores[name], excl)
-                g = onset_gain(half_point(np.nan_to_num(sc).cumsum(1)), half, d.shape[1])
+                onset = half_point(np.nan_to_num(sc).cumsum(1))
+                if name == "last layer always":  # it names the last block, whatever the rule
+                    onset = np.full(len(sc), sc.shape[1] - 1)
+                g = onset_gain(onset, half, d.shape[1])
                 gains[name] = np.where(np.isfinite(sc).all(1) & np.isfinite(d).all(1), g,
                                        np.nan)
             out["onset_gain"][kind] = gains
