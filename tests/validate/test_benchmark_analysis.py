@@ -219,6 +219,10 @@ def test_joint_rows_match_a_full_hooked_forward() -> None:
     with torch.no_grad():
         alone = token_probs(ablation.readout(trace.hidden[pos, 0][None]), torch.tensor([y]))
     assert abs(float(got[2] - alone[0, 0])) <= tol
+    # rows that change nothing are the clean row, even when no row changes anything
+    none = measure.masked_rows(ablation, trace, pos, torch.zeros(2, 4, dtype=torch.bool), None,
+                               torch.tensor([y]))[:, 0].double()
+    assert float((none - got[0]).abs().max()) <= tol
 
 
 def test_the_onset_of_last_layer_always_is_the_last_block() -> None:
