@@ -1,7 +1,8 @@
 """``iglens benchmark``: which per-layer attribution tracks interventions (pre-registered).
 
-iglens benchmark --out bench/                                   # SmolLM2, all three tasks
-iglens benchmark --model smollm2 --model gemma-3-270m --task ioi --pairs 100 --out bench/
+iglens benchmark --out bench/                 # the three required families, all three tasks
+iglens benchmark --families smollm2,gemma-3-270m --tasks ioi --max-pairs 100 --out bench/
+iglens benchmark --out bench/ --cost          # the cost model's forwards per cell, no run
 """
 
 from __future__ import annotations
@@ -16,18 +17,24 @@ from captum_iglens.cli._common import UsageError, exit_status_help, load
 
 __all__ = ["DESCRIPTION", "EXIT_STATUS", "HELP", "add_arguments", "run"]
 
-HELP = "score per-layer predictors against patching on the benchmark's tasks (resumable)"
+HELP = "score 12 per-layer predictors against 8 interventions on the benchmark's tasks"
 DESCRIPTION = (
     "Run the faithfulness benchmark pre-registered in captum_iglens/validate/benchmark/"
-    "prereg.json: for every --model and --task, the task's prompt pairs (IOI, factual "
-    "recall, the packaged pairs, or a .jsonl pairs file) are kept where both prompts have "
-    "as many tokens and the model's greedy answer is the clean one, patched block by block "
-    "in both directions, and each predictor (readout credit, logit-lens level, direct logit "
-    "attribution, last layer always, the other pairs' mean profile, random; the others of "
-    "the pre-registration are listed as not scored yet) is scored by its per-pair Spearman "
-    "rho with the drops (block 1 left out), with a cluster-bootstrap 95%% CI (a pair and its "
-    "mirror one cluster). Writes OUT/cells/<family>__<task>.json (skipped on a rerun when "
-    "its fingerprint matches), OUT/benchmark.json and OUT/benchmark.md."
+    "prereg.json: for every family and task, the task's prompt pairs (IOI, factual recall, "
+    "the packaged pairs, or a .jsonl pairs file) are kept where both prompts have as many "
+    "tokens and the model's greedy answer is the clean one; each kept pair's clean answer "
+    "is ablated block by block (zero, mean, resample), patched in both directions, deleted "
+    "and kept top-k jointly and ablated on random block subsets, in probability, "
+    "log-probability and logit difference, and the 12 predictors (readout credit, total "
+    "effect in position and sequence scope, AtP, AtP*, direct logit attribution, the "
+    "logit-lens level, Captum's LayerIntegratedGradients and LayerConductance, last layer "
+    "always, the other prompts' mean drop profile, random) are scored by per-token "
+    "Spearman rho, deletion/keep areas and infidelity, each with a cluster-bootstrap 95%% "
+    "CI and n (a pair and its mirror one cluster); the hypotheses B1-B12 are decided by "
+    "the pre-registered rule, re-run with the file's robustness seeds. Writes "
+    "OUT/cells/<family>__<task>.json (skipped on a rerun when its fingerprint matches) with "
+    "its measurements beside it (.measurements.json.gz), OUT/benchmark.json, "
+    "OUT/benchmark.md and OUT/benchmark.png."
 ).replace("%%", "%")
 EXIT_STATUS = exit_status_help(
     runtime="runtime error: a model could not be loaded, fewer than 2 pairs of a task are "
@@ -37,28 +44,44 @@ EXIT_STATUS = exit_status_help(
 TASK_NAMES = ("ioi", "factual", "packaged")
 
 
+def _split(values: list[str] | None) -> list[str]:
+    return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``iglens benchmark``.
 
     Args:
         parser (ArgumentParser): The command's parser.
     """
-    parser.add_argument("--model", dest="models", action="append", default=None,
-                        metavar="MODEL", help="a family: a model name, folder or .gguf "
-                        "file; repeat for several (default: smollm2)")
-    parser.add_argument("--task", dest="tasks", action="append", default=None,
-                        metavar="TASK", help=f"one of {', '.join(TASK_NAMES)} or a pairs "
-                        ".jsonl file; repeat for several (default: all three)")
-    parser.add_argument("--pairs", type=opts.at_least(2, "--pairs"), default=None,
-                        metavar="N", help="at most N pairs per task after filtering "
-                        "(default: all)")
+    from captum_iglens.validate.benchmark.families import FAMILY_MODELS
+
+    parser.add_argument("--model", "--families", dest="models", action="append",
+                        default=None, metavar="MODEL",
+                        help="families: model names, folders or .gguf files, or the "
+                        f"pre-registration's names ({', '.join(FAMILY_MODELS)}); comma "
+                        "separated or repeated (default: the three required families)")
+    parser.add_argument("--task", "--tasks", dest="tasks", action="append", default=None,
+                        metavar="TASK", help=f"tasks: {', '.join(TASK_NAMES)} or a pairs "
+                        ".jsonl file; comma separated or repeated (default: all three)")
+    parser.add_argument("--pairs", "--max-pairs", dest="pairs",
+                        type=opts.at_least(2, "--max-pairs"), default=None, metavar="N",
+                        help="at most N pairs per task after filtering (default: all)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="output folder (created; cells already there are reused)")
     parser.add_argument("--n-boot", type=opts.at_least(1, "--n-boot"), default=1000,
-                        metavar="N", help="bootstrap resamples of the table's CIs "
-                        "(default: 1000)")
+                        metavar="N", help="bootstrap resamples of the tables' CIs (default: "
+                        "1000; the decisions use the pre-registration's)")
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the random predictor and the bootstrap (default: 0)")
+                        help="first seed of the random predictor, donors, subsets and "
+                        "bootstrap; the pre-registration's robustness seeds follow (default: "
+                        "0, the pre-registered one)")
+    parser.add_argument("--captum-steps", type=opts.at_least(2, "--captum-steps"),
+                        default=None, metavar="N",
+                        help="integration steps of each Captum layer run (default: 20)")
+    parser.add_argument("--cost", action="store_true",
+                        help="print the cost model's forwards per cell and exit (loads the "
+                        "models and filters the pairs; runs no intervention)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr")
     opts.add_check(parser, _check_tasks)
@@ -68,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_tasks(args: argparse.Namespace) -> None:
     from captum_iglens.validate.pairs import load_pairs
 
-    args.tasks = args.tasks or list(TASK_NAMES)
+    args.tasks = _split(args.tasks) or list(TASK_NAMES)
     args.task_files = {}
     for task in args.tasks:
         if task in TASK_NAMES:
@@ -84,15 +107,17 @@ def _check_tasks(args: argparse.Namespace) -> None:
 
 def _check_models(args: argparse.Namespace) -> None:
     from captum_iglens.models.registry import is_model_name
+    from captum_iglens.validate.benchmark.families import FAMILY_MODELS, required_families
 
-    args.models = args.models or [opts.DEFAULT_MODEL]
+    args.models = _split(args.models) or required_families()
+    args.models = [FAMILY_MODELS.get(m, m) for m in args.models]
     for spec in args.models:
         if not is_model_name(spec) and not Path(spec).exists():
             raise UsageError(f"--model {spec!r}: neither a model name nor an existing path")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run (or resume) every (family, task) cell and write the tables.
+    """Run (or resume) every (family, task) cell and write the tables and the figure.
 
     Returns:
         0
@@ -104,14 +129,17 @@ def run(args: argparse.Namespace) -> int:
 
     from captum_iglens._utils.progress import progress_enabled
     from captum_iglens.validate.benchmark import runner
+    from captum_iglens.validate.benchmark.families import family_runs_task
     from captum_iglens.validate.benchmark.tasks import task_pairs
 
     out = Path(args.out)
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    settings = {"pairs": args.pairs, "n_boot": args.n_boot, "seed": args.seed}
+    settings = {"pairs": args.pairs, "n_boot": args.n_boot, "seed": args.seed,
+                "captum_steps": args.captum_steps}
     cells = []
-    shown = progress_enabled()
-    todo = [(m, t) for m in args.models for t in args.tasks]
+    shown = progress_enabled() and not args.no_progress
+    todo = [(m, t) for m in args.models for t in args.tasks
+            if family_runs_task(m, t)]
     loaded: dict[str, tuple] = {}
     for spec, task in tqdm(todo, desc="benchmark", unit="cell", disable=not shown):
         if spec not in loaded:
@@ -121,22 +149,31 @@ def run(args: argparse.Namespace) -> int:
         family = Path(spec).name if Path(spec).exists() else spec.lower()
         name = Path(task).stem if task in args.task_files else task
         pairs = args.task_files.get(task) or task_pairs(task)
+        if args.cost:
+            print(json.dumps({"family": family, "task": name, **runner.cell_cost(
+                model, tokenizer, pairs, args.pairs, args.captum_steps)}))
+            continue
         fingerprint = runner.cell_fingerprint(model, family, name, pairs, settings)
         path = runner.cell_path(out, family, name)
         cell = runner.load_cell(path, fingerprint["digest"])
         if cell is None:
             cell = runner.run_cell(model.eval(), tokenizer, family, name, pairs, args.pairs,
-                                   args.n_boot, args.seed, progress=shown)
+                                   args.n_boot, args.seed, progress=shown,
+                                   captum_steps=args.captum_steps)
             cell["fingerprint"] = fingerprint
-            path.write_text(json.dumps(cell, indent=1, allow_nan=True), encoding="utf-8")
+            runner.write_cell(path, cell)
         else:
             print(f"{family} / {name}: reused {path}", file=sys.stderr)
         cells.append(cell)
-    tables = {view: runner.markdown_table(cells, view) for view in runner.PATCH_VIEWS}
-    tables["hypotheses"] = runner.hypotheses_table(cells)
+    if args.cost:
+        return 0
+    tables = runner.markdown_tables(cells)
     (out / "benchmark.json").write_text(json.dumps({"cells": cells}, indent=1),
                                         encoding="utf-8")
     (out / "benchmark.md").write_text("\n\n".join(tables.values()) + "\n", encoding="utf-8")
+    runner.figure(cells, out / "benchmark.png")
     print(tables["patch"])
-    print(f"wrote {out / 'benchmark.json'} and {out / 'benchmark.md'}", file=sys.stderr)
+    print(tables["hypotheses"])
+    print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'} and "
+          f"{out / 'benchmark.png'}", file=sys.stderr)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -49,58 +50,99 @@ def pairs_file(tiny_folder, tmp_path):
 
 def test_benchmark_writes_the_table_and_resumes(tiny_folder, pairs_file, tmp_path, capsys):
     out = tmp_path / "bench"
-    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
-            "--out", str(out), "--n-boot", "50", "--no-progress"]
+    argv = ["benchmark", "--families", str(tiny_folder), "--tasks", str(pairs_file),
+            "--out", str(out), "--n-boot", "50", "--captum-steps", "4", "--no-progress"]
     assert main(argv) == 0
     cell_file = runner.cell_path(out, tiny_folder.name, "tiny_pairs")
     cell = json.loads(cell_file.read_text())
     assert cell["counts"] == {"given": 12, "aligned": 12, "answered": 12, "used": 12}
-    assert cell["clusters"] == 11  # the mirrored couple is one cluster
+    assert cell["clusters"] == {"pair": 11, "prompt": 12}  # the mirrored couple: one cluster
+    assert cell["check_errors"]["benchmark rows"] < 1e-5
+    prereg = load_preregistration()
+    names = [p["name"] for p in prereg.data["predictors"]]
     table = (out / "benchmark.md").read_text()
-    for entry in load_preregistration().data["predictors"]:
-        assert f"| {entry['name']} |" in table
-    assert "not scored" in table  # AtP and the others: listed, not filled in
-    assert "| B7 the readout credit agrees with patching better" in table
-    credit = cell["scores"]["patch"]["readout credit"]
-    assert credit["n"] <= 12 and credit["low"] <= credit["mean"] <= credit["high"]
+    for name in names:  # every predictor in every table (7 interventions), with a CI and n
+        assert table.count(f"| {name} |") == 8
+    for kind in ("zero", "mean", "resample", "patch", "reverse patch"):
+        unit = "logit difference" if "patch" in kind else "probability"
+        for name in names:
+            s = cell["scores"][kind][unit]["decided"][name]
+            assert s["n"] >= 10 and s["low"] <= s["mean"] <= s["high"], (kind, name, s)
+    for stat in ("comprehensiveness", "sufficiency"):
+        assert set(cell["curves"][stat]) == set(names)
+    assert set(cell["magnitude"]) == set(names)
+    assert "not scored" not in table and "not measured" not in table
     hyp = cell["hypotheses"]
-    assert set(hyp) == {h["id"] for h in load_preregistration().hypotheses}
-    # B7 (credit vs last layer under patching) is scored; 12 pairs are below the minimum
-    assert hyp["B7"]["verdict"] == "n/a" and "fewer than 20 tokens" in hyp["B7"]["reason"]
-    assert hyp["B1"] == {"verdict": "n/a", "reason": "not scored by this version",
-                         "statement": hyp["B1"]["statement"]}  # AtP: not yet
-    assert len(cell["per_pair_rho"]["patch"]["readout credit"]) == 12
-    assert cell["fingerprint"]["analysis"]["preregistration_sha256"] == (
-        load_preregistration().sha256)
+    assert set(hyp) == {h["id"] for h in prereg.hypotheses}
+    # 12 pairs are below the pre-registered minimum: n/a, never "supported"
+    assert all(h["verdict"] == "n/a" for h in hyp.values())
+    assert "fewer than 20 tokens" in hyp["B7"]["reason"]
+    assert set(hyp["B1"]["seed_verdicts"]) == {"0", "1", "2"}
+    assert cell["fingerprint"]["analysis"]["preregistration_sha256"] == prereg.sha256
+    assert (out / "benchmark.png").stat().st_size > 0
+    heavy = json.loads(gzip.open(cell_file.with_suffix(".measurements.json.gz")).read())
+    assert np.asarray(heavy["measurements"]["drops"]["zero"]["probability"]).shape == (12, 3)
     capsys.readouterr()
     before = cell_file.read_text()
     assert main(argv) == 0
     assert "reused" in capsys.readouterr().err and cell_file.read_text() == before
     # another seed is another fingerprint: the cell runs again
     assert main([*argv, "--seed", "1"]) == 0
-    assert json.loads(cell_file.read_text())["fingerprint"]["settings"]["seed"] == 1
+    again = json.loads(cell_file.read_text())
+    assert again["fingerprint"]["settings"]["seed"] == 1 and again["seeds"] == [1, 2]
 
 
-def test_hypothesis_verdicts_decide_what_is_scored() -> None:
-    rng = np.random.default_rng(1)
-    prereg = load_preregistration()
-    clusters = np.arange(60) // 2
-    better = {"patch": {"readout credit": 0.5 + 0.1 * rng.standard_normal(60),
-                        "last layer always": 0.1 * rng.standard_normal(60)}}
-    found = runner.hypothesis_verdicts(better, clusters, prereg)
-    assert found["B7"]["verdict"] == "supported" and found["B7"]["n_clusters"] == 30
-    worse = {"patch": {"readout credit": better["patch"]["last layer always"],
-                       "last layer always": better["patch"]["readout credit"]}}
-    assert runner.hypothesis_verdicts(worse, clusters, prereg)["B7"]["verdict"] == "reversed"
+def test_max_pairs_and_the_cost_model(tiny_folder, pairs_file, tmp_path, capsys):
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--max-pairs", "5", "--out", str(tmp_path / "b"), "--cost", "--no-progress"]
+    assert main(argv) == 0
+    cost = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cost["counts"]["used"] == 5
+    expected = runner.cost_model(3, 5, cost["seq_len"], 3)
+    assert cost["cached_rows"] == expected["cached_rows"] > 0
+    assert runner.cost_model(3, 10, 6, 3)["sequence_forwards"] == (
+        2 * expected["sequence_forwards"])
+    assert not (tmp_path / "b" / "cells" / "tiny-llama__tiny_pairs.json").exists()
 
 
-def test_a_planted_predictor_scores_one_and_a_shuffled_one_chance() -> None:
-    rng = np.random.default_rng(0)
-    drops = rng.standard_normal((400, 12))
-    clusters = np.arange(400) // 2
-    planted = runner._summary(runner._rho(drops, drops), clusters, 200, 0, 2.8)
-    assert planted["mean"] == pytest.approx(1.0, abs=1e-12) and planted["n"] == 400
-    shuffled = rng.permuted(drops, axis=1)
-    chance = runner._summary(runner._rho(shuffled, drops), clusters, 200, 0, 2.8)
-    assert chance["low"] < 0 < chance["high"] and abs(chance["mean"]) < 0.05
-    assert 0 < chance["mde"] < 0.2
+def test_the_default_families_are_the_required_ones() -> None:
+    assert runner.required_families() == ["smollm2", "qwen2.5-coder-0.5b-instruct",
+                                          "gemma-3-270m"]
+    assert runner.family_runs_task("qwen2.5-coder-1.5b-instruct", "ioi")
+    assert not runner.family_runs_task("qwen2.5-coder-1.5b-instruct", "factual")
+
+
+def test_the_cost_model_counts_the_cached_rows_exactly(tiny_folder, pairs_file, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from captum_iglens.validate.ablation import BlockAblation
+    from captum_iglens.validate.pairs import load_pairs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_folder)
+    rows = []
+    original = BlockAblation.run_plan
+
+    def counting(self, trace, pos, plan, ids):
+        rows.append(plan.n_rows)
+        return original(self, trace, pos, plan, ids)
+
+    monkeypatch.setattr(BlockAblation, "run_plan", counting)
+    pairs = load_pairs(pairs_file)[:6]
+    cell = runner.run_cell(model, tok, "tiny", "t", pairs, None, 20, 0, progress=False,
+                           captum_steps=2, n_boot_decide=100)
+    # a random subset that holds no block is the clean row (1/8 of them at 3 blocks)
+    empty = sum(int((~np.asarray(d["masks"]).any(-1)).sum())
+                for d in cell["measurements"]["subsets"].values())
+    assert sum(rows) == runner.cost_model(3, 6, 6, 3)["cached_rows"] - empty
+
+
+def test_no_progress_silences_every_bar(tiny_folder, pairs_file, tmp_path, capsys):
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--max-pairs", "3", "--captum-steps", "2", "--n-boot", "20"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    shown = capsys.readouterr().err
+    assert "measure" in shown and "curves" in shown  # the bars draw without the flag
+    assert main([*argv, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    quiet = capsys.readouterr().err
+    assert "measure" not in quiet and "curves" not in quiet and "it/s" not in quiet

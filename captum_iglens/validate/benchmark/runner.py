@@ -1,18 +1,24 @@
-"""``iglens benchmark``: predictors x tasks x families, resumable per (family, task).
+"""``iglens benchmark``: predictors x interventions x tasks x families, resumable per cell.
 
-A skeleton of the pre-registered benchmark (``prereg.json``): for each family and task the
-task's pairs are filtered for the model (:func:`~captum_iglens.validate.benchmark.tasks.aligned`,
-:func:`~captum_iglens.validate.benchmark.tasks.answered`), patched both ways
-(:func:`~captum_iglens.validate.patching.patch_pairs`), and every predictor available here
-is scored per pair by Spearman's rho with the recovery (patching) and with the reverse drop
-(reverse patching), on the blocks of the decided view (block 1 left out, the
-pre-registration's excluded block). A cell holds the mean and median rho over pairs, a 95%
-CI from the cluster bootstrap (a pair and its mirror one cluster), ``n`` and the minimum
-detectable effect. Predictors of the pre-registration not yet scored by this skeleton
-(total effect, AtP, AtP*, LayerIntegratedGradients, LayerConductance) are listed with
-``"not scored"``, never filled in. Each (family, task) cell file carries a fingerprint (model
-name, weights digest, package and analysis-code version, settings, the pairs' hash); a
-rerun skips the cells whose file has the same fingerprint.
+The pre-registered benchmark (``prereg.json``). For each family and task the task's pairs
+are filtered for the model (:func:`~captum_iglens.validate.benchmark.tasks.aligned`,
+:func:`~captum_iglens.validate.benchmark.tasks.answered`); every kept pair is one token, its
+clean prompt's answer at the last position, measured by :func:`measure_cell`:
+
+* single-block zero, mean (the other prompts' mean update, positions >= 1) and resample
+  (4 seeded donors' updates at the answer position, probabilities averaged) ablation of the
+  clean prompt, per seed of the pre-registration;
+* counterfactual patching both ways
+  (:func:`~captum_iglens.validate.patching.patch_pair`, whose built-in checks run, and the
+  same rows read in three units);
+* joint top-k deletion and keep curves of every predictor's ranking, and the joint zero
+  ablation of 32 random block subsets per seed (the magnitude metric);
+* the model-based predictors of :mod:`~captum_iglens.validate.benchmark.predict`.
+
+:func:`~captum_iglens.validate.benchmark.analysis.analyse` scores and decides them. Each
+(family, task) cell file carries a fingerprint (model name, weights digest, package and
+analysis-code version, settings, the pairs' hash); a rerun skips the cells whose file has
+the same fingerprint. :func:`cost_model` counts the forwards of a cell before it runs.
 """
 
 from __future__ import annotations
@@ -25,21 +31,34 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from captum_iglens.validate.benchmark.analysis import (
+    INTERVENTIONS,
+    PATCHINGS,
+    PRIMARY_UNIT,
+    analyse,
+    derived_predictors,
+    predictor_names,
+    random_scores,
+)
 from captum_iglens.validate.benchmark.decide import analysis_version, load_preregistration
+from captum_iglens.validate.benchmark.families import (
+    FAMILY_MODELS,
+    family_runs_task,
+    required_families,
+)
+from captum_iglens.validate.benchmark.measure import UNITS
 from captum_iglens.validate.benchmark.tasks import aligned, answered
 from captum_iglens.validate.pairs import PromptPair, couple_clusters
-from captum_iglens.validate.stats import cluster_bootstrap
 
-__all__ = ["PATCH_VIEWS", "SCORED", "cell_fingerprint", "cell_path", "hypothesis_verdicts",
-           "hypotheses_table", "load_cell", "markdown_table", "run_cell"]
+__all__ = ["DONORS", "FAMILY_MODELS", "SUBSETS", "cell_cost", "cell_fingerprint", "cell_path",
+           "cost_model", "family_runs_task", "figure", "hypotheses_table", "load_cell",
+           "markdown_tables", "measure_cell", "required_families", "run_cell", "seeds_of",
+           "write_cell"]
 
-#: The predictors this skeleton scores, in the pre-registration's names.
-SCORED: tuple[str, ...] = ("readout credit", "logit-lens level", "direct logit attribution",
-                           "last layer always", "other prompts' mean drop profile", "random")
-#: The interventions of a pair task and the PairPatch field of each one's drops.
-PATCH_VIEWS: dict[str, str] = {"patch": "recovery", "reverse patch": "reverse"}
-
-
+#: Donor prompts of resample ablation (pre-registered: 4).
+DONORS = 4
+#: Random block subsets per token and seed of the magnitude metric (pre-registered: 32).
+SUBSETS = 32
 def _pairs_hash(pairs: Sequence[PromptPair]) -> str:
     text = json.dumps([p.__dict__ for p in pairs], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -77,54 +96,233 @@ def _next_token(model: Any) -> Any:
     return predict
 
 
-def _rho(scores: np.ndarray, drops: np.ndarray) -> np.ndarray:
-    """Per-row Spearman rho (scipy), NaN for a constant row."""
-    from scipy.stats import spearmanr
-
-    out = np.full(len(drops), np.nan)
-    for i, (s, d) in enumerate(zip(scores, drops, strict=True)):
-        if np.ptp(s) > 0 and np.ptp(d) > 0:
-            out[i] = spearmanr(s, d).statistic
-    return out
 
 
-def _predictors(patches: Sequence[Any], drops: np.ndarray, clusters: np.ndarray,
-                seed: int) -> dict[str, np.ndarray]:
-    """``[P, n]`` scores of every predictor of :data:`SCORED` for one intervention."""
-    stack = {k: np.stack([getattr(p, k).double().numpy() for p in patches])
-             for k in ("credits", "lens", "direct")}
-    n_pairs, n = drops.shape
-    others = np.zeros_like(drops)
-    for c in np.unique(clusters):  # leave the pair and its mirror out
-        rest = clusters != c
-        others[clusters == c] = drops[rest].mean(0) if rest.any() else 0.0
-    return {"readout credit": stack["credits"], "logit-lens level": stack["lens"],
-            "direct logit attribution": stack["direct"],
-            "last layer always": np.tile(np.arange(n, dtype=np.float64), (n_pairs, 1)),
-            "other prompts' mean drop profile": others,
-            "random": np.random.default_rng(seed).standard_normal((n_pairs, n))}
+def seeds_of(prereg: Any, seed: int = 0) -> list[int]:
+    """The seeds a cell is measured and decided with: ``seed``, then ``seed_robustness``."""
+    return [int(seed)] + [int(s) for s in prereg.data["seeds"]["seed_robustness"]
+                          if int(s) != int(seed)]
 
 
-def _summary(values: np.ndarray, clusters: np.ndarray, n_boot: int, seed: int,
-             power_z: float) -> dict[str, Any]:
-    keep = np.isfinite(values)
-    values, clusters = values[keep], clusters[keep]
-    groups = [np.flatnonzero(clusters == c) for c in np.unique(clusters)]
-    cell: dict[str, Any] = {"n": int(len(values)), "clusters": len(groups)}
-    if len(groups) < 2:
-        return {**cell, "mean": math.nan, "median": math.nan, "low": math.nan,
-                "high": math.nan, "mde": math.nan}
-    draws, point = cluster_bootstrap(np.stack([values, values], 1), np.array([True, False]),
-                                     groups, n_boot, seed, return_draws=True)
-    low, high = np.percentile(draws[:, 0], [2.5, 97.5])
-    return {**cell, "mean": float(point[0]), "median": float(point[1]), "low": float(low),
-            "high": float(high), "mde": float(power_z * np.std(draws[:, 0], ddof=1))}
+def _donors(j: int, n_tokens: int, seed: int, count: int) -> list[int]:
+    """``count`` other tokens of token ``j`` (fewer when there are not enough), seeded."""
+    others = [k for k in range(n_tokens) if k != j]
+    rng = np.random.default_rng([seed, j])
+    return [others[int(k)] for k in rng.permutation(len(others))[:count]]
+
+
+def measure_cell(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
+                 seeds: Sequence[int], progress: bool = True,
+                 captum_steps: Optional[int] = None) -> dict[str, Any]:
+    """Every intervention and model-based predictor of a cell's pairs (see the module).
+
+    Args:
+        model: The family's model (eval mode).
+        tokenizer: Its tokenizer.
+        pairs (sequence of PromptPair): Filtered pairs (equal token counts, answered).
+        seeds (sequence of int): Seeds of the donors, subsets and random rankings.
+        progress (bool, optional): Progress bars (tqdm). Default: True.
+        captum_steps (int, optional): Steps of each Captum layer run (default
+            :data:`~captum_iglens.validate.benchmark.predict.CAPTUM_STEPS`).
+
+    Returns:
+        dict: the measurements :func:`~captum_iglens.validate.benchmark.analysis.analyse`
+        reads (arrays as nested lists), plus ``check_errors`` and ``predictor_errors``.
+
+    Raises:
+        AblationCheckError: a built-in check failed.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from captum_iglens._utils.progress import progress_enabled
+    from captum_iglens.validate.ablation import BlockAblation
+    from captum_iglens.validate.ablation_checks import compare
+    from captum_iglens.validate.benchmark import measure
+    from captum_iglens.validate.benchmark.predict import CAPTUM_STEPS, token_predictors
+    from captum_iglens.validate.metrics import nonmonotonic
+    from captum_iglens.validate.patching import pair_ids, patch_pair
+
+    shown = progress and progress_enabled()
+    ablation = BlockAblation(model)
+    n, n_tok = ablation.num_layers, len(pairs)
+    ids = [pair_ids(tokenizer, p) for p in pairs]
+    # pass 0: every clean prompt's updates (mean ablation's sums, resample's donors)
+    last, sums, counts = [], [], []
+    for clean, _, _, _ in tqdm(ids, desc="trace", unit="prompt", disable=not shown):
+        t = ablation.trace(torch.tensor(clean))
+        last.append(t.updates[-1].double())
+        sums.append(t.updates[1:].double().sum(0))
+        counts.append(t.updates.shape[0] - 1)
+    total, count = torch.stack(sums).sum(0), sum(counts)
+    eye = measure.eye_masks(n)
+    drops: dict[str, list] = {k: [] for k in ("zero", "mean", *(f"resample#{s}" for s in seeds),
+                                              *PATCHINGS)}
+    preds: dict[str, dict[str, list]] = {}
+    subsets: dict[str, dict[str, list]] = {str(s): {"masks": [], "drops": []} for s in seeds}
+    checks: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    lens_rows: list[np.ndarray] = []
+    for j, (pair, (clean, corrupted, y, foil)) in enumerate(
+            zip(tqdm(pairs, desc="measure", unit="pair", disable=not shown), ids,
+                strict=True)):
+        pos = len(clean) - 1
+        t_clean = ablation.trace(torch.tensor(clean))
+        t_corr = ablation.trace(torch.tensor(corrupted))
+        patch = patch_pair(ablation, tokenizer, pair, spot_layer=1 + j % n)
+        for k, v in patch.check_errors.items():
+            checks[k] = max(checks.get(k, 0.0), v)
+        mean_u = ((total - sums[j]) / max(count - counts[j], 1)).to(t_clean.hidden.dtype)
+        donors = {s: [last[k] for k in _donors(j, n_tok, s, DONORS)] for s in seeds}
+        got, masks = _ablation_rows(ablation, t_clean, pos, y, mean_u, donors, j)
+        for name, value in got.items():
+            if name.startswith("subsets#"):
+                subsets[name.split("#")[1]]["drops"].append(value)
+                subsets[name.split("#")[1]]["masks"].append(masks[name])
+            else:
+                drops[name].append(value)
+        repl = t_clean.updates[pos][None].expand(n, -1, -1)
+        den = measure.row_units(ablation, t_corr, pos, eye, repl, y, foil)
+        rev = measure.row_units(ablation, t_clean, pos, eye,
+                                t_corr.updates[pos][None].expand(n, -1, -1), y, foil)
+        drops["patch"].append({u: den[u][1:] - den[u][0] for u in UNITS})
+        drops["reverse patch"].append({u: rev[u][0] - rev[u][1:] for u in UNITS})
+        checks["benchmark rows"] = max(checks.get("benchmark rows", 0.0), compare(
+            "benchmark patching rows vs patch_pair", torch.from_numpy(
+                drops["patch"][-1]["probability"]), patch.recovery.double(),
+            ablation.tolerance))
+        found = token_predictors(model, tokenizer, ablation, t_clean, clean, corrupted, y, foil,
+                                 patch, captum_steps or CAPTUM_STEPS, errors)
+        for group, by_name in found.items():
+            for name, scores in by_name.items():
+                preds.setdefault(group, {}).setdefault(name, []).append(scores)
+        lens_rows.append(found["mean"]["logit-lens level"])
+    data: dict[str, Any] = {
+        "n": n, "drops": {k: measure.stack_units(v) for k, v in drops.items()},
+        "predictors": {g: {k: np.stack(v) for k, v in d.items()} for g, d in preds.items()},
+        "subsets": {s: {k: np.stack(v) for k, v in d.items()} for s, d in subsets.items()},
+        "clusters": {"prompt": _prompt_clusters(pairs),
+                     "pair": couple_clusters(list(pairs)).tolist()},
+        "nonmonotonic": nonmonotonic(np.stack(lens_rows), NONMONOTONIC_TOL).tolist(),
+        "pair_ids": [p.id for p in pairs], "check_errors": checks, "predictor_errors": errors}
+    data["curves"] = _curves(ablation, pairs, ids, data, seeds, shown)
+    return _lists(data)
+
+
+def _ablation_rows(ablation: Any, trace: Any, pos: int, y: int, mean_u: Any,
+                   donors: Mapping[int, Sequence[Any]], j: int
+                   ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One token's zero, mean, resample (per seed) and subset rows, one batched forward.
+
+    Returns ``(drops, masks)``: name (``"zero"``, ``"mean"``, ``"resample#s"``,
+    ``"subsets#s"``) -> unit -> ``[n]`` drops (subsets: ``[M]`` probability drops), and
+    the subsets' masks ``[M, n]``.
+    """
+    import torch
+
+    from captum_iglens.validate.benchmark import measure
+
+    n, d = ablation.num_layers, trace.hidden.shape[-1]
+    dtype = trace.hidden.dtype
+    eye = measure.eye_masks(n)
+    masks, repls = [eye, eye], [torch.zeros(n, n, d, dtype=dtype),
+                                mean_u[None].expand(n, -1, -1)]
+    spans, at = {"zero": (0, n), "mean": (n, 2 * n)}, 2 * n
+    subset_masks = {}
+    for s, updates in donors.items():
+        for u in updates:
+            masks.append(eye)
+            repls.append(u.to(dtype)[None].expand(n, -1, -1))
+        spans[f"resample#{s}"] = (at, at + n * len(updates))
+        at += n * len(updates)
+        sub = measure.random_subsets(n, SUBSETS, np.random.default_rng([s, j, 1]))
+        masks.append(sub)
+        repls.append(torch.zeros(SUBSETS, n, d, dtype=dtype))
+        spans[f"subsets#{s}"] = (at, at + SUBSETS)
+        subset_masks[f"subsets#{s}"] = sub
+        at += SUBSETS
+    rows = measure.row_units(ablation, trace, pos, np.concatenate(masks), torch.cat(repls), y)
+    clean = {u: rows[u][0] for u in UNITS}
+    out: dict[str, Any] = {}
+    for name, (a, b) in spans.items():
+        part = {u: rows[u][1 + a:1 + b] for u in UNITS}
+        if name.startswith("subsets#"):
+            out[name] = clean["probability"] - part["probability"]
+        elif name.startswith("resample#"):  # the donors' probabilities averaged
+            mean_p = part["probability"].reshape(-1, n).mean(0)
+            out[name] = {"probability": clean["probability"] - mean_p,
+                         "log-probability": clean["log-probability"] - np.log(mean_p),
+                         "logit difference": clean["logit difference"]
+                         - part["logit difference"].reshape(-1, n).mean(0)}
+        else:
+            out[name] = {u: clean[u] - part[u] for u in UNITS}
+    return out, subset_masks
+
+
+#: Logit-lens trajectories falling more than this below their running maximum are
+#: non-monotonic (``iglens validate``'s default, probability units).
+NONMONOTONIC_TOL = 0.05
+
+
+def _prompt_clusters(pairs: Sequence[PromptPair]) -> list[int]:
+    seen: dict[str, int] = {}
+    return [seen.setdefault(p.clean, len(seen)) for p in pairs]
+
+
+def _curves(ablation: Any, pairs: Sequence[PromptPair], ids: Sequence[Any],
+            data: Mapping[str, Any], seeds: Sequence[int], shown: bool) -> dict[str, Any]:
+    """Deletion and keep curves of every ranking (the zero group's, the derived ones)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from captum_iglens.validate.benchmark import measure
+
+    n_tok, n = len(pairs), int(data["n"])
+    zdrops = np.asarray(data["drops"]["zero"]["probability"])
+    rankings = dict(data["predictors"]["zero"])
+    derived = derived_predictors(zdrops, np.asarray(data["clusters"]["prompt"]), int(seeds[0]))
+    rankings.update({k: v for k, v in derived.items() if k != "random"})
+    for s in seeds:
+        rankings[f"random#{s}"] = random_scores(int(s), n_tok, n)
+    out: dict[str, Any] = {k: {"deletion": [], "keep": []} for k in rankings}
+    for j, (clean, _, y, _) in enumerate(tqdm(ids, desc="curves", unit="pair",
+                                              disable=not shown)):
+        trace = ablation.trace(torch.tensor(clean))
+        vocab = measure.vocab_ids(ablation, trace)
+        for name, scores in rankings.items():
+            delete, keep = measure.joint_masks(np.asarray(scores)[j])
+            rows = measure.row_units(ablation, trace, len(clean) - 1,
+                                     np.concatenate([delete, keep]), None, y, vocab=vocab)
+            out[name]["deletion"].append({u: rows[u][0] - rows[u][1:n + 2] for u in UNITS})
+            out[name]["keep"].append({u: rows[u][0] - rows[u][n + 2:] for u in UNITS})
+    return {k: {part: measure.stack_units(v) for part, v in d.items()} for k, d in out.items()}
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    return value
+
+
+def _arrays(value: Any) -> Any:
+    """Nested lists of numbers back to arrays (a cell file read for re-analysis)."""
+    if isinstance(value, dict):
+        return {k: _arrays(v) for k, v in value.items()}
+    if isinstance(value, list) and value and not isinstance(value[0], (str, dict)):
+        return np.asarray(value, dtype=np.float64 if not isinstance(
+            np.asarray(value).flat[0], (bool, np.bool_)) else bool)
+    return value
 
 
 def run_cell(model: Any, tokenizer: Any, family: str, task: str,
              pairs: Sequence[PromptPair], max_pairs: Optional[int], n_boot: int, seed: int,
-             progress: bool = True) -> dict[str, Any]:
-    """One (family, task) cell: filter, patch, score every available predictor.
+             progress: bool = True, captum_steps: Optional[int] = None,
+             n_boot_decide: Optional[int] = None) -> dict[str, Any]:
+    """One (family, task) cell: filter, measure, score and decide.
 
     Args:
         model: The family's model (eval mode).
@@ -133,125 +331,214 @@ def run_cell(model: Any, tokenizer: Any, family: str, task: str,
         task (str): The task's name, recorded in the cell.
         pairs (sequence of PromptPair): The task's pairs, before filtering.
         max_pairs (int, optional): Keep at most this many of the filtered pairs (in order).
-        n_boot (int): Bootstrap resamples of the 95% CIs.
-        seed (int): Seeds the random predictor and the bootstrap.
-        progress (bool, optional): Patching's progress bar. Default: True.
+        n_boot (int): Bootstrap resamples of the tables' 95% CIs.
+        seed (int): The first seed (the pre-registration's is 0); the file's
+            ``seed_robustness`` seeds follow (:func:`seeds_of`).
+        progress (bool, optional): Progress bars. Default: True.
+        captum_steps (int, optional): Steps of each Captum layer run.
+        n_boot_decide (int, optional): Resamples of the decisions (default: the file's).
 
     Returns:
-        dict: ``counts`` (pairs given, aligned, answered, used), ``scores`` (intervention ->
-        predictor -> summary dict or ``"not scored"``), ``check_errors``.
+        dict: ``counts`` (pairs given, aligned, answered, used), ``measurements``,
+        ``scores``, ``curves``, ``magnitude``, ``hypotheses``, ``per_token``,
+        ``check_errors``, ``predictor_errors``, ``seeds``.
 
     Raises:
         ValueError: fewer than 2 pairs left after filtering.
+        AblationCheckError: a built-in check failed.
     """
-    from scipy.stats import norm
-
-    from captum_iglens.validate.ablation import BlockAblation
-    from captum_iglens.validate.patching import patch_pairs
-
     prereg = load_preregistration()
-    kept, _ = aligned(tokenizer, pairs)
-    good = answered(tokenizer, kept, _next_token(model))
-    used = good[:max_pairs] if max_pairs is not None else good
-    counts = {"given": len(pairs), "aligned": len(kept), "answered": len(good),
-              "used": len(used)}
+    used, counts = filtered_pairs(model, tokenizer, pairs, max_pairs)
     if len(used) < 2:
         raise ValueError(f"{family} / {task}: {counts}: fewer than 2 pairs align and are "
                          "answered right by the model; nothing to score.")
-    patches, _ = patch_pairs(BlockAblation(model), tokenizer, used, progress)
-    clusters = couple_clusters([p.pair for p in patches])
-    alpha = prereg.alpha_corrected
-    power_z = float(norm.ppf(1 - alpha) + norm.ppf(float(prereg.statistics["power"])))
-    scores: dict[str, Any] = {}
-    rho: dict[str, dict[str, np.ndarray]] = {}
-    for view, field in PATCH_VIEWS.items():
-        full = np.stack([getattr(p, field).double().numpy() for p in patches])
-        found = _predictors(patches, full, clusters, seed)
-        rho[view] = {name: _rho(found[name][:, 1:], full[:, 1:]) for name in SCORED}
-        scores[view] = {name: _summary(rho[view][name], clusters, n_boot, seed, power_z)
-                        for name in SCORED}
-        for entry in prereg.data["predictors"]:
-            scores[view].setdefault(entry["name"], "not scored")
-    errors = {k: max(p.check_errors[k] for p in patches) for k in patches[0].check_errors}
-    return {"family": family, "task": task, "counts": counts, "scores": scores,
-            "hypotheses": hypothesis_verdicts(rho, clusters, prereg),
-            "per_pair_rho": {v: {k: r.tolist() for k, r in d.items()} for v, d in rho.items()},
-            "pair_ids": [p.pair.id for p in patches], "cluster_labels": clusters.tolist(),
-            "check_errors": errors, "clusters": int(len(np.unique(clusters)))}
+    seeds = seeds_of(prereg, seed)
+    data = measure_cell(model, tokenizer, used, seeds, progress, captum_steps)
+    found = analyse(_arrays(data), prereg, n_boot, seeds, n_boot_decide)
+    return {"family": family, "task": task, "counts": counts, "seeds": seeds,
+            "clusters": {k: int(len(set(v))) for k, v in data["clusters"].items()},
+            "check_errors": data["check_errors"],
+            "predictor_errors": data["predictor_errors"], **found, "measurements": data}
 
 
-def hypothesis_verdicts(rho: Mapping[str, Mapping[str, np.ndarray]], clusters: np.ndarray,
-                        prereg: Any) -> dict[str, dict[str, Any]]:
-    """The pre-registered decision of every hypothesis this version can score.
-
-    A rho hypothesis on a scored intervention whose two predictors are scored is decided by
-    :func:`~captum_iglens.validate.benchmark.decide.decide` on the per-pair differences of
-    rho (the file's resamples, level and minimum n); every other one is ``"n/a"`` with the
-    reason ``"not scored by this version"``.
-
-    Args:
-        rho (mapping): intervention -> predictor -> ``[P]`` per-pair Spearman rho.
-        clusters (ndarray): ``[P]`` cluster of each pair (mirrored couples shared).
-        prereg (Preregistration): The rules.
-
-    Returns:
-        dict: hypothesis id -> the fields of its
-        :class:`~captum_iglens.validate.benchmark.decide.Cell` (and its statement).
-    """
-    from dataclasses import asdict
-
-    from captum_iglens.validate.benchmark.decide import decide
-
-    out = {}
-    for h in prereg.hypotheses:
-        view, versus = rho.get(h["intervention"], {}), h["versus"]
-        usable = (h["statistic"] == "rho" and isinstance(versus, str)
-                  and h["predictor"] in view and versus in view)
-        if not usable:
-            out[h["id"]] = {"verdict": "n/a", "reason": "not scored by this version",
-                            "statement": h["statement"]}
-            continue
-        cell = decide(view[h["predictor"]] - view[versus], clusters, prereg, h["direction"])
-        out[h["id"]] = {**asdict(cell), "statement": h["statement"]}
-    return out
+def _fmt(s: Any) -> str:
+    if not isinstance(s, Mapping):
+        return str(s)
+    if not math.isfinite(s.get("mean", math.nan)):
+        return f"n/a ({s.get('n', 0)})"
+    if not math.isfinite(s.get("low", math.nan)):
+        return f"{s['mean']:+.2f} ({s['n']})"
+    return f"{s['mean']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}] ({s['n']})"
 
 
-def markdown_table(cells: Sequence[Mapping[str, Any]], view: str = "patch") -> str:
-    """Predictors x (family, task): ``mean rho [95% CI] (n)`` under one intervention."""
-    prereg = load_preregistration()
-    names = [p["name"] for p in prereg.data["predictors"]]
+def _table(title: str, names: Sequence[str], cells: Sequence[Mapping[str, Any]],
+           get: Any) -> str:
     heads = [f"{c['family']} / {c['task']}" for c in cells]
-    lines = [f"| predictor ({view}: mean per-pair Spearman rho [95% CI] (n)) | "
-             + " | ".join(heads) + " |", "| --- |" + " --- |" * len(cells)]
+    lines = [f"| {title} | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(cells)]
     for name in names:
-        row = []
-        for cell in cells:
-            s = cell["scores"][view].get(name, "not scored")
-            if isinstance(s, str):
-                row.append(s)
-            elif not math.isfinite(s["mean"]):
-                row.append(f"n/a ({s['n']})")
-            else:
-                row.append(f"{s['mean']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}] ({s['n']})")
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
+        lines.append(f"| {name} | " + " | ".join(_fmt(get(c, name)) for c in cells) + " |")
     return "\n".join(lines)
 
 
+def markdown_tables(cells: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Predictors x (family, task), one table per intervention (Markdown).
+
+    Each entry is ``mean [95% CI] (n)``: per-token Spearman rho in the intervention's
+    primary unit on its decided view; the deletion (keep) table holds the
+    comprehensiveness (sufficiency) area; the magnitude table the infidelity.
+    """
+    prereg = load_preregistration()
+    names = predictor_names(prereg)
+    out = {}
+    for kind in INTERVENTIONS:
+        unit = PRIMARY_UNIT(prereg, kind)
+        out[kind] = _table(
+            f"{kind} ({unit}): mean per-token Spearman rho [95% CI] (n)", names, cells,
+            lambda c, name, k=kind, u=unit: c["scores"].get(k, {}).get(u, {}).get(
+                "decided", {}).get(name, "not measured"))
+    for kind, stat in (("deletion", "comprehensiveness"), ("keep", "sufficiency")):
+        unit = PRIMARY_UNIT(prereg, kind)
+        out[kind] = _table(f"{kind}: {stat} area ({unit}) [95% CI] (n)", names, cells,
+                           lambda c, name, s=stat, u=unit: c["curves"][s].get(name, {}).get(
+                               u, "not measured"))
+    out["magnitude"] = _table("magnitude: infidelity (probability^2) [95% CI] (n)", names,
+                              cells, lambda c, name: c["magnitude"].get(name, "not measured"))
+    out["hypotheses"] = hypotheses_table(cells)
+    return out
+
+
 def hypotheses_table(cells: Sequence[Mapping[str, Any]]) -> str:
-    """Hypotheses x (family, task): the pre-registered verdict, the mean and its MDE."""
+    """Hypotheses x (family, task): the verdict, the mean difference, its MDE and n."""
     prereg = load_preregistration()
     heads = [f"{c['family']} / {c['task']}" for c in cells]
-    lines = ["| hypothesis (mean per-pair difference; MDE) | " + " | ".join(heads) + " |",
+    lines = ["| hypothesis (verdict (mean; MDE; n)) | " + " | ".join(heads) + " |",
              "| --- |" + " --- |" * len(cells)]
     for h in prereg.hypotheses:
         row = []
         for cell in cells:
             found = cell.get("hypotheses", {}).get(h["id"], {"verdict": "n/a"})
             value, mde = found.get("value", math.nan), found.get("mde", math.nan)
-            row.append(found["verdict"] if not math.isfinite(value) else
-                       f"{found['verdict']} ({value:+.2f}; {mde:.2f})")
+            text = found["verdict"]
+            if math.isfinite(value):
+                text += f" ({value:+.3g}; {mde:.2g}; {found.get('n_tokens', 0)})"
+            if found.get("unstable"):
+                text += " unstable"
+            row.append(text)
         lines.append(f"| {h['id']} {h['statement']} | " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def figure(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Heat maps of the mean rho, predictors x (family, task), one panel per intervention.
+
+    Written with matplotlib's Agg backend to ``path`` (PNG); returns ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prereg = load_preregistration()
+    names = predictor_names(prereg)
+    heads = [f"{c['family']}\n{c['task']}" for c in cells]
+    fig, axes = plt.subplots(1, len(INTERVENTIONS), figsize=(3.2 * len(INTERVENTIONS) + 3, 5),
+                             sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], INTERVENTIONS, strict=True):
+        unit = PRIMARY_UNIT(prereg, kind)
+        grid = np.full((len(names), len(cells)), np.nan)
+        for j, cell in enumerate(cells):
+            view = cell["scores"].get(kind, {}).get(unit, {}).get("decided", {})
+            for i, name in enumerate(names):
+                grid[i, j] = view.get(name, {}).get("mean", np.nan)
+        image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
+        ax.set_title(f"{kind}\n({unit})", fontsize=9)
+        ax.set_xticks(range(len(cells)), heads, fontsize=7, rotation=90)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+    fig.colorbar(image, ax=axes[0].tolist(), label="mean per-token Spearman rho")
+    path = Path(path)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def cost_model(n_blocks: int, n_pairs: int, seq_len: int, n_seeds: int = 3,
+               captum_steps: Optional[int] = None, donors: int = DONORS,
+               subsets: int = SUBSETS) -> dict[str, int]:
+    """Forwards one cell costs, by kind, before it runs (the benchmark's cost model).
+
+    Three kinds, per pair with ``n`` blocks, ``S`` seeds, ``D`` donors, ``M`` subsets:
+
+    * **cached rows**: single-token forwards over the clean KV cache, batched per call
+      (:meth:`~captum_iglens.validate.ablation.BlockAblation.run_plan`), counted exactly:
+      ablation ``1 + 2n + S (D n + M)``, :func:`~captum_iglens.validate.patching.patch_pair`
+      ``2 (n + 3)``, the three-unit patching rows ``2 (n + 1)``, the curves ``(11 + S)
+      (1 + 2n)`` (9 model predictors, last layer, the other prompts' profile, a random
+      ranking per seed; the empty ``k = 0`` deletion and ``k = n`` keep rows are the clean
+      row);
+    * **gated rows**: the total effect's single-position rows with a backward, per reference
+      group (3): position scope ``8 + 1``, AtP ``2``, AtP* ``2 + n`` (an estimate from
+      :mod:`captum_iglens._core.total_effect`'s docstring);
+    * **sequence forwards** of the whole prompt: traces and IG-Lens (``8``), the sequence
+      scope ``3 (8 + 1)`` (with a backward), and the Captum layer runs ``2 methods x 2
+      references x n x steps`` (each with a backward; the mean group reuses the zero
+      group's reference).
+
+    Returns:
+        dict: per kind and component for ``n_pairs`` pairs; ``cached_rows``,
+        ``gated_rows``, ``sequence_forwards`` the totals; ``seq_len`` as given.
+    """
+    from captum_iglens.validate.benchmark.predict import CAPTUM_STEPS, TOTAL_STEPS
+
+    n, s = int(n_blocks), int(n_seeds)
+    d = min(int(donors), max(int(n_pairs) - 1, 0))
+    steps = CAPTUM_STEPS if captum_steps is None else int(captum_steps)
+    cached = {"ablation": 1 + 2 * n + s * (d * n + subsets), "patch_pair": 2 * (n + 3),
+              "patching units": 2 * (n + 1), "curves": (11 + s) * (1 + 2 * n)}
+    gated = {"total effect and AtP": 3 * ((TOTAL_STEPS + 1) + 2 + (2 + n))}
+    seq = {"traces and IG-Lens": 8, "sequence scope": 3 * (TOTAL_STEPS + 1),
+           "Captum layer methods": 2 * 2 * n * steps}
+    out = {f"cached rows: {k}": v * n_pairs for k, v in cached.items()}
+    out.update({f"gated rows: {k}": v * n_pairs for k, v in gated.items()})
+    out.update({f"sequence forwards: {k}": v * n_pairs for k, v in seq.items()})
+    out["cached_rows"] = sum(cached.values()) * n_pairs
+    out["gated_rows"] = sum(gated.values()) * n_pairs
+    out["sequence_forwards"] = sum(seq.values()) * n_pairs
+    out["seq_len"] = int(seq_len)
+    return out
+
+
+def filtered_pairs(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
+                   max_pairs: Optional[int]) -> tuple[list[PromptPair], dict[str, int]]:
+    """The pairs a cell uses (aligned, answered, at most ``max_pairs``) and the counts."""
+    kept, _ = aligned(tokenizer, pairs)
+    good = answered(tokenizer, kept, _next_token(model))
+    used = good[:max_pairs] if max_pairs is not None else good
+    return used, {"given": len(pairs), "aligned": len(kept), "answered": len(good),
+                  "used": len(used)}
+
+
+def cell_cost(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
+              max_pairs: Optional[int], captum_steps: Optional[int] = None) -> dict[str, Any]:
+    """:func:`cost_model` of one cell after filtering (``counts`` added)."""
+    from captum_iglens.validate.ablation import BlockAblation
+
+    used, counts = filtered_pairs(model, tokenizer, pairs, max_pairs)
+    seq = max((len(tokenizer(p.clean).input_ids) for p in used), default=0)
+    n_seeds = len(seeds_of(load_preregistration()))
+    return {"counts": counts, **cost_model(BlockAblation(model).num_layers, len(used), seq,
+                                           n_seeds, captum_steps)}
+
+
+def write_cell(path: Path, cell: Mapping[str, Any]) -> None:
+    """Write a cell: its measurements gzipped beside it, the rest as JSON in ``path``."""
+    import gzip
+
+    light = {k: v for k, v in cell.items() if k not in ("measurements", "per_token")}
+    heavy = {k: cell[k] for k in ("measurements", "per_token") if k in cell}
+    path = Path(path)
+    with gzip.open(path.with_suffix(".measurements.json.gz"), "wt", encoding="utf-8") as fh:
+        json.dump(heavy, fh, allow_nan=True)
+    path.write_text(json.dumps(light, indent=1, allow_nan=True), encoding="utf-8")
 
 
 def cell_path(out_dir: Path, family: str, task: str) -> Path:
