@@ -88,7 +88,7 @@ class IGLens(LensViews, GradientAttribution):
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
         effect: str = DEFAULT_EFFECT,
-        lens: Optional[LayerReadout] = None,
+        lens: Union[None, str, LayerReadout] = None,
     ) -> None:
         r"""Build IG-Lens for a causal LM and its chosen layers.
 
@@ -150,7 +150,10 @@ class IGLens(LensViews, GradientAttribution):
                 :mod:`captum_iglens._core.sublayer_gates`); no head gates yet.
             lens (LayerReadout, optional): A per-layer readout ``lens(h, layer) -> logits``
                 (block nodes; see :mod:`captum_iglens.lens.layer_readout`, and ``lens_change``
-                of :class:`IGLensOutput`). Default: None (the logit lens).
+                of :class:`IGLensOutput`), or a name: ``"logit"``, ``"tuned"``, ``"jacobian"``
+                (a fitted lens from the cache, :mod:`captum_iglens.lens.fit`; refused with a
+                message to run ``iglens fit-lens`` when none is fitted). Default: None (the
+                logit lens).
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.

@@ -25,6 +25,8 @@ __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_EFFECT",
     "DEFAULT_GRANULARITY",
+    "DEFAULT_LENS",
+    "LENSES",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_MAX_RECORDS",
     "DEFAULT_METHOD",
@@ -128,6 +130,10 @@ DEFAULT_GRANULARITY = "block"
 #: patching, the first-order estimate of each block's single-update removal: not additive).
 EFFECTS: tuple[str, ...] = ("readout", "total", "atp")
 DEFAULT_EFFECT = "readout"
+#: Named per-layer readouts: the logit lens (the model's own readout at every layer) and the
+#: fitted ones (``iglens fit-lens``; :mod:`captum_iglens.lens.translators`).
+LENSES: tuple[str, ...] = ("logit", "tuned", "jacobian")
+DEFAULT_LENS = "logit"
 #: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
 ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
 DEFAULT_ONSET_RULE = "sustained"

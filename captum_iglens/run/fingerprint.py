@@ -23,6 +23,7 @@ from torch import nn
 
 from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
+from captum_iglens.lens.weights import weights_digest
 from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
 from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
 from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY
@@ -37,26 +38,6 @@ __all__ = [
     "run_lock",
     "weights_digest",
 ]
-
-
-def weights_digest(model: nn.Module) -> str:
-    """A content hash of the model's parameters and persistent buffers (BLAKE2b, 16 hex).
-
-    Names, dtypes, shapes and bytes of every tensor, in the model's own order: another
-    checkpoint, a fine-tune or another dtype gives another digest. Tensors on the ``meta``
-    device (offloaded) contribute their name, dtype and shape only. Costs one read of the
-    weights (about 0.5 s per GB here).
-    """
-    inner = unwrap_model(model)
-    digest = hashlib.blake2b(digest_size=8)
-    tensors = list(inner.state_dict(keep_vars=True).items())
-    for name, tensor in tensors:
-        tensor = tensor.detach()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
-        if tensor.device.type != "meta" and tensor.numel():
-            flat = tensor.cpu().contiguous().reshape(-1)
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
