@@ -65,8 +65,9 @@ def main() -> None:
     parser.add_argument("--jacobian-prompts", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    omp = os.environ.get("OMP_NUM_THREADS")
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"threads {torch.get_num_threads()} (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')})")
+          f"threads {torch.get_num_threads()} (OMP_NUM_THREADS={omp})")
     model, tokenizer = load_model("smollm2")
     t0 = time.perf_counter()
     ids = corpus_ids(model, tokenizer, seq_len=args.seq_len,

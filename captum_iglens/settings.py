@@ -27,6 +27,11 @@ __all__ = [
     "DEFAULT_GRANULARITY",
     "DEFAULT_LENS",
     "LENSES",
+    "FIT_BATCH_TOKENS",
+    "FIT_LR",
+    "FIT_SEQUENCES",
+    "FIT_SEQ_LEN",
+    "FIT_STEPS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_MAX_RECORDS",
     "DEFAULT_METHOD",
@@ -134,6 +139,13 @@ DEFAULT_EFFECT = "readout"
 #: fitted ones (``iglens fit-lens``; :mod:`captum_iglens.lens.translators`).
 LENSES: tuple[str, ...] = ("logit", "tuned", "jacobian")
 DEFAULT_LENS = "logit"
+#: ``iglens fit-lens``: Adam steps of the tuned lens, its learning rate and token rows per step;
+#: the corpus's chunks and their length in tokens.
+FIT_STEPS = 120
+FIT_LR = 1e-3
+FIT_BATCH_TOKENS = 32
+FIT_SEQUENCES = 40
+FIT_SEQ_LEN = 64
 #: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
 ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
 DEFAULT_ONSET_RULE = "sustained"

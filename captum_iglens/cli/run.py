@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layer_opts.add_granularity_options(parser, heads=False)
     opts.add_estimator_options(parser)
     opts.add_effect_option(parser)
+    opts.add_lens_option(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
     opts.add_check(parser, _check_files)
@@ -175,7 +176,7 @@ def _settings_map(args: argparse.Namespace) -> dict[str, Any]:
         max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
         template_kwargs=opts.template_kwargs(args), onset_frac=args.onset_frac,
         onset_rule=args.onset_rule, top_k=args.top_k, stride=args.stride,
-        granularity=args.granularity, effect=args.effect)
+        granularity=args.granularity, effect=args.effect, lens=args.lens)
 
 
 def _done_lines(output: Path) -> list[dict[str, Any]]:
@@ -272,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     if procs.is_main:
         opts.warn_unused_template_date(args, tokenizer)
     lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity,
-                  effect=args.effect)
+                  effect=args.effect, lens=args.lens)
     settings = RunSettings(
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),

@@ -35,8 +35,9 @@ from captum_iglens.lens.state import input_device, model_state_preserved
 from captum_iglens.lens.translators import FittedLens, JacobianLens, TunedLens, load_lens
 from captum_iglens.lens.weights import weights_digest
 from captum_iglens.models.facts import cache_root
+from captum_iglens.settings import FIT_BATCH_TOKENS, FIT_LR, FIT_STEPS
 
-__all__ = ["FIT_KINDS", "fit_jacobian_lens", "fit_tuned_lens", "lens_cache_path",
+__all__ = ["FIT_KINDS", "corpus_digest", "fit_jacobian_lens", "fit_tuned_lens", "lens_cache_path",
            "load_tuned_lens_folder", "named_lens", "residuals_of"]
 
 #: The lenses ``iglens fit-lens`` fits.
@@ -100,8 +101,9 @@ def _kl_rows(final_logp: Tensor, logits: Tensor) -> Tensor:
     return (final_logp.exp() * (final_logp - logq)).sum(-1)
 
 
-def fit_tuned_lens(model: nn.Module, ids: Tensor, *, steps: int = 100, lr: float = 1e-3,
-                   batch_tokens: int = 64, seed: int = 0, checkpoint_every: int = 10,
+def fit_tuned_lens(model: nn.Module, ids: Tensor, *, steps: int = FIT_STEPS,
+                   lr: float = FIT_LR, batch_tokens: int = FIT_BATCH_TOKENS, seed: int = 0,
+                   checkpoint_every: int = 10,
                    checkpoint: Optional[Path] = None, progress: bool = True,
                    settings: Optional[dict[str, Any]] = None) -> TunedLens:
     """Fit a :class:`TunedLens` on the token chunks ``ids`` ``[N, S]`` (Belrose et al. 2023).
@@ -110,9 +112,9 @@ def fit_tuned_lens(model: nn.Module, ids: Tensor, *, steps: int = 100, lr: float
         model (nn.Module): The causal LM (left as found).
         ids (Tensor): ``[N, S]`` int64 token chunks (:func:`~captum_iglens.lens.fit_corpus.
             corpus_ids`).
-        steps (int, optional): Adam steps. Default: 100.
+        steps (int, optional): Adam steps. Default: 120.
         lr (float, optional): Adam learning rate. Default: 1e-3.
-        batch_tokens (int, optional): Token rows per step. Default: 64.
+        batch_tokens (int, optional): Token rows per step. Default: 32.
         seed (int, optional): Seed of the row draws. Default: 0.
         checkpoint_every (int, optional): Steps between checkpoints. Default: 10.
         checkpoint (Path, optional): The checkpoint file; an existing one is resumed.
@@ -198,45 +200,57 @@ def fit_jacobian_lens(model: nn.Module, ids: Tensor, *, skip_first: int = 1,
         raise ValueError(f"Chunks of {seq} tokens leave no position after skip_first="
                          f"{skip_first} and the last one: use longer chunks.")
     total = torch.zeros(n, d, d)
-    device = input_device(model)
     with model_state_preserved(model), torch.enable_grad():
-        bar = progress_bar(ids, desc="fitting the Jacobian lens", unit="prompt",
-                           enabled=progress)
-        for row in bar:
-            width = min(dim_batch, d)
-            stream: dict[int, Tensor] = {}
-            with held_hooks() as hooks:
-                def pre(_m: nn.Module, args: tuple, kwargs: dict) -> Any:
-                    h = (args[0] if args else kwargs["hidden_states"]).detach()
-                    h.requires_grad_(True)
-                    stream[0] = h
-                    if args:
-                        return (h, *args[1:]), kwargs
-                    return args, {**kwargs, "hidden_states": h}
-
-                hooks.pre(blocks[0], pre, with_kwargs=True)
-                for index in range(n):
-                    hooks.forward(blocks[index],
-                                  lambda _m, _a, out, i=index + 1: stream.__setitem__(
-                                      i, hidden_of(out)))
-                model(row[None].expand(width, -1).to(device), use_cache=False)
-            target = stream[n]
-            sources = [stream[i] for i in range(n)]
-            cotangent = torch.zeros_like(target)
-            batch_index = torch.arange(width)
-            passes = -(-d // width)
-            for p in range(passes):
-                start = p * width
-                count = min(width, d - start)
-                cotangent.zero_()
-                cotangent[batch_index[:count, None], valid[None, :],
-                          start + batch_index[:count, None]] = 1.0
-                got = torch.autograd.grad(target, sources, cotangent,
-                                          retain_graph=p < passes - 1)
-                for layer, grad in enumerate(got):
-                    total[layer, start:start + count] += grad[:count, valid].float().mean(1).cpu()
+        for row in progress_bar(ids, desc="fitting the Jacobian lens", unit="prompt",
+                                enabled=progress):
+            total += _jacobian_of_prompt(model, blocks, row, valid, min(dim_batch, d))
     lens.jacobians.copy_(total / ids.shape[0])  # type: ignore[operator]
     return lens
+
+
+def _stream_with_grad(model: nn.Module, blocks: nn.ModuleList, ids: Tensor) -> list[Tensor]:
+    """``h_0 .. h_n`` of one forward pass, in one graph rooted at ``h_0`` (requires grad)."""
+    stream: dict[int, Tensor] = {}
+
+    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> Any:
+        h = (args[0] if args else kwargs["hidden_states"]).detach().requires_grad_(True)
+        stream[0] = h
+        return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+    def keep(index: int) -> Any:
+        return lambda _m, _a, out: stream.__setitem__(index, hidden_of(out))
+
+    with held_hooks() as hooks:
+        hooks.pre(blocks[0], pre, with_kwargs=True)
+        for index in range(len(blocks)):
+            hooks.forward(blocks[index], keep(index + 1))
+        model(ids, use_cache=False)
+    return [stream[i] for i in range(len(blocks) + 1)]
+
+
+def _jacobian_of_prompt(model: nn.Module, blocks: nn.ModuleList, row: Tensor, valid: Tensor,
+                        width: int) -> Tensor:
+    """One prompt's ``J_L``, ``[n, d, d]``.
+
+    Row ``k`` of ``J_L`` is the gradient of ``sum_{t' valid} h_{n,t'}[k]`` with respect to
+    ``h_L``, averaged over the valid source positions.
+    """
+    stream = _stream_with_grad(model, blocks, row[None].expand(width, -1).to(
+        input_device(model)))
+    target, sources = stream[-1], stream[:-1]
+    n, d = len(sources), target.shape[-1]
+    out = torch.zeros(n, d, d)
+    cotangent = torch.zeros_like(target)
+    lanes = torch.arange(width)
+    passes = -(-d // width)
+    for p in range(passes):
+        start, count = p * width, min(width, d - p * width)
+        cotangent.zero_()
+        cotangent[lanes[:count, None], valid[None, :], start + lanes[:count, None]] = 1.0
+        grads = torch.autograd.grad(target, sources, cotangent, retain_graph=p < passes - 1)
+        for layer, grad in enumerate(grads):
+            out[layer, start:start + count] = grad[:count, valid].float().mean(1).cpu()
+    return out
 
 
 def load_tuned_lens_folder(folder: Union[str, Path], model: nn.Module) -> TunedLens:

@@ -64,6 +64,7 @@ class FittedLens(nn.Module):
 
     def __init__(self, readout: Readout, num_layers: int, hidden_size: int,
                  digest: str = "", settings: Optional[dict[str, Any]] = None) -> None:
+        """Hold the readout and the facts (see the class docstring)."""
         super().__init__()
         self._readout = (readout,)  # a tuple: not registered, not in the state dict
         self.num_layers, self.hidden_size = int(num_layers), int(hidden_size)
@@ -126,6 +127,7 @@ class TunedLens(FittedLens):
 
     def __init__(self, readout: Readout, num_layers: int, hidden_size: int,
                  digest: str = "", settings: Optional[dict[str, Any]] = None) -> None:
+        """Identity-initialised translators (see the class docstring)."""
         super().__init__(readout, num_layers, hidden_size, digest, settings)
         self.translators = nn.ModuleList(
             nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
@@ -151,6 +153,7 @@ class JacobianLens(FittedLens):
 
     def __init__(self, readout: Readout, num_layers: int, hidden_size: int,
                  digest: str = "", settings: Optional[dict[str, Any]] = None) -> None:
+        """Identity-initialised translators (see the class docstring)."""
         super().__init__(readout, num_layers, hidden_size, digest, settings)
         eye = torch.eye(hidden_size).expand(num_layers, hidden_size, hidden_size)
         self.register_buffer("jacobians", eye.clone())

@@ -26,7 +26,7 @@ from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.lens.weights import weights_digest
 from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
 from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
-from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY
+from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, DEFAULT_LENS
 
 __all__ = [
     "FINGERPRINT_KEYS",
@@ -81,6 +81,10 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     if effect != DEFAULT_EFFECT:  # readout runs keep the digests they always had
         entries["effect"] = effect
         compared_keys = (*compared_keys, "effect")
+    lens = settings.get("lens") or DEFAULT_LENS
+    if lens != DEFAULT_LENS:  # logit-lens runs keep the digests they always had
+        entries["lens"] = lens
+        compared_keys = (*compared_keys, "lens")
     compared = json.dumps([entries[k] for k in compared_keys], sort_keys=True, default=str)
     entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
     entries["torch"] = torch.__version__
@@ -112,7 +116,8 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
             continue
         diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
                  for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
-        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT)):
+        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT),
+                             ("lens", DEFAULT_LENS)):
             mine, other = (f.get(key, default) for f in (fingerprint, theirs))
             if mine != other:
                 diffs.append(f"{key}: {other!r} there, {mine!r} now")

@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_EFFECT, DEFAULT_GRANULARITY
+from captum_iglens.settings import (
+    CAPTUM_METHODS,
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    DEFAULT_LENS,
+)
 
 __all__ = ["FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings", "input_hash",
            "lock_holder", "nothing_left", "planned_entries", "record_fields", "resume_mismatch",
@@ -32,7 +37,8 @@ FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "
 SETTINGS_KEYS = FINGERPRINT_KEYS[6:]
 #: Entries recorded (and compared) only away from their default, so that runs at the
 #: default keep the digests they always had.
-OPTIONAL_KEYS = {"granularity": DEFAULT_GRANULARITY, "effect": DEFAULT_EFFECT}
+OPTIONAL_KEYS = {"granularity": DEFAULT_GRANULARITY, "effect": DEFAULT_EFFECT,
+                 "lens": DEFAULT_LENS}
 
 
 def _jsonable(value: Any) -> Any:
@@ -54,7 +60,8 @@ def input_hash(fields: Mapping[str, Any]) -> str:
 def fingerprint_settings(*, method: str, n_steps: int, baselines: Any, max_new_tokens: int,
                          chat_template: bool, template_kwargs: Optional[Mapping[str, Any]],
                          onset_frac: float, onset_rule: str, top_k: int, stride: int,
-                         granularity: str, effect: str) -> dict[str, Any]:
+                         granularity: str, effect: str,
+                         lens: str = DEFAULT_LENS) -> dict[str, Any]:
     """The settings mapping of a run's fingerprint (for the run and the check before the load).
 
     Returns:
@@ -66,7 +73,8 @@ def fingerprint_settings(*, method: str, n_steps: int, baselines: Any, max_new_t
             "template_kwargs": template_kwargs, "onset_frac": onset_frac,
             "onset_rule": onset_rule, "top_k": top_k, "stride": stride,
             **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity}),
-            **({} if effect == DEFAULT_EFFECT else {"effect": effect})}
+            **({} if effect == DEFAULT_EFFECT else {"effect": effect}),
+            **({} if lens == DEFAULT_LENS else {"lens": lens})}
 
 
 def record_fields(record: Any) -> dict[str, Optional[Any]]:

@@ -21,6 +21,7 @@ from torch import nn
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import strip_parallel
+from captum_iglens.lens.layer_readout import lens_name
 from captum_iglens.results import IGLensResult
 from captum_iglens.run.distributed import Processes, processes
 from captum_iglens.run.fingerprint import (
@@ -271,7 +272,8 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
             max_new_tokens=settings.max_new_tokens, chat_template=settings.chat_template,
             template_kwargs=settings.template_kwargs, onset_frac=settings.onset_frac,
             onset_rule=settings.onset_rule, top_k=settings.top_k, stride=settings.stride,
-            granularity=lens.granularity, effect=lens.spec.effect))
+            granularity=lens.granularity, effect=lens.spec.effect,
+            lens=lens_name(lens.spec.lens)))
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     if settings.model_source is not None:  # not compared: lets a rerun skip the load

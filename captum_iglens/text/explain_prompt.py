@@ -173,6 +173,7 @@ def explain(
     granularity: str = DEFAULT_GRANULARITY,
     heads: bool = False,
     effect: str = DEFAULT_EFFECT,
+    layer_readout: Any = None,
     **attribute_kwargs: Any,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
@@ -228,6 +229,9 @@ def explain(
             first-order estimates, not a decomposition); see :class:`~captum_iglens.IGLens`.
             A total-effect answer is generated first and then explained with one
             teacher-forced forward.
+        layer_readout (str or LayerReadout, optional): The per-layer readout, ``lens`` of
+            :class:`~captum_iglens.IGLens` (``"logit"``, ``"tuned"``, ``"jacobian"`` or an
+            object). Default: None (the logit lens).
         **attribute_kwargs: Attribution settings, passed to
             :meth:`~captum_iglens.IGLens.attribute` (Captum's LLM-attribution style):
             ``baselines``, ``method``, ``n_steps``, ``internal_batch_size``.
@@ -253,7 +257,7 @@ def explain(
     check_prompt_type(prompt)
     model = strip_parallel(model)
     lens = IGLens(model, layers=layers, units=units, granularity=granularity, heads=heads,
-                  effect=effect)
+                  effect=effect, lens=layer_readout)
     settings = dict(max_new_tokens=max_new_tokens, onset_frac=onset_frac,
                     chat_template=chat_template, target=target, lens=lens, top_k=top_k,
                     onset_rule=onset_rule, template_kwargs=template_kwargs, contrast=contrast,
