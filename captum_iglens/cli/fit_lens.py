@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from captum_iglens.cli import _options as opts
 from captum_iglens.cli._common import UsageError, exit_status_help, load
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model)
     digest = weights_digest(model)
     progress = not args.no_progress
+    lens: Any
     if args.from_tuned_lens is not None:
         lens = fit.load_tuned_lens_folder(args.from_tuned_lens, model)
         path = fit.lens_cache_path(digest, "tuned", lens.settings)

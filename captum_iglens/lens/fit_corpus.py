@@ -70,11 +70,12 @@ def corpus_ids(model: nn.Module, tokenizer: Any, text: Optional[str] = None, *,
     chunks = []
     device = input_device(model)
     torch.manual_seed(seed)
+    generate: Any = getattr(model, "generate")  # noqa: B009  (a transformers method)
     with torch.no_grad(), model_state_preserved(model):
         for index in order[:n_sequences]:
             prompt = tokenizer(prompts[index], return_tensors="pt").input_ids.to(device)
             new = max(seq_len - prompt.shape[1], 1)
-            out = model.generate(prompt, do_sample=True, temperature=1.0, top_k=0,
+            out = generate(prompt, do_sample=True, temperature=1.0, top_k=0,
                                  max_new_tokens=new, min_new_tokens=new,
                                  pad_token_id=tokenizer.eos_token_id or 0)
             chunks.append(out[0, :seq_len].cpu())

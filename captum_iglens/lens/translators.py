@@ -79,7 +79,7 @@ class FittedLens(nn.Module):
     @classmethod
     def for_model(cls, model: nn.Module, settings: Optional[dict[str, Any]] = None) -> Any:
         """An identity-initialised lens of ``model`` (its readout, ``n``, ``d``, digest)."""
-        config = model.config
+        config: Any = model.config
         return cls(resolve_readout(model), config.num_hidden_layers, config.hidden_size,
                    weights_digest(model), settings)
 
@@ -132,9 +132,8 @@ class TunedLens(FittedLens):
         self.translators = nn.ModuleList(
             nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
         with torch.no_grad():
-            for linear in self.translators:
-                linear.weight.zero_()
-                linear.bias.zero_()
+            for parameter in self.translators.parameters():
+                parameter.zero_()
 
     def translate(self, hidden: Tensor, layer: int) -> Tensor:
         """``h + A_L h + b_L`` (float32)."""
@@ -192,7 +191,7 @@ def load_lens(path: Union[str, Path], model: nn.Module,
             f"The {payload['kind']} lens in {path} was fitted on a model with weights digest "
             f"{payload['digest']}, not on this model ({digest}): fit one for this model with "
             f"`iglens fit-lens --kind {payload['kind']}`.")
-    config = model.config
+    config: Any = model.config
     if (payload["num_layers"], payload["hidden_size"]) != (config.num_hidden_layers,
                                                            config.hidden_size):
         raise ValueError(f"{path}: a lens of {payload['num_layers']} blocks of width "
