@@ -246,3 +246,22 @@ def test_fit_lens_cli_fits_into_the_cache(model, tmp_path) -> None:
                  "--no-progress"])
     assert code == 0
     assert isinstance(named_lens(lm, "tuned"), TunedLens)
+
+
+def test_the_text_level_result_carries_the_lens_terms() -> None:
+    from captum_iglens import explain
+    from captum_iglens.results import IGLensResult
+    from captum_iglens.testing import tiny_causal_lm
+
+    lm, tokenizer = tiny_causal_lm("llama")
+    lens = fit_tuned_lens(lm, _corpus(), steps=5, lr=1e-2, progress=False)
+    result = explain(lm, tokenizer, "w1 w2 w3", layer_readout=lens, max_new_tokens=3,
+                     chat_template=False)
+    credits, terms = result.attributions.double(), result.lens_change.double()
+    delta = (result.p_final - result.p_baseline).double()
+    err = (credits.sum(-1) + terms.sum(-1) - delta).abs()
+    assert (err <= EPS * (credits.abs().sum(-1) + terms.abs().sum(-1) + delta.abs())).all()
+    back = IGLensResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert torch.equal(back.lens_change, result.lens_change)  # exact: float32 via JSON floats
+    plain = explain(lm, tokenizer, "w1 w2 w3", max_new_tokens=3, chat_template=False)
+    assert plain.lens_change is None and "lens_change" not in json.dumps(plain.to_dict())
