@@ -171,7 +171,7 @@ def fit_tuned_lens(model: nn.Module, ids: Tensor, *, steps: int = FIT_STEPS,
     finally:
         for p, flag in grads:
             p.requires_grad_(flag)
-    return lens.cpu()
+    return lens.cpu().requires_grad_(False)  # fitted: read, not trained, from here on
 
 
 def fit_jacobian_lens(model: nn.Module, ids: Tensor, *, skip_first: int = 1,
@@ -283,4 +283,4 @@ def load_tuned_lens_folder(folder: Union[str, Path], model: nn.Module) -> TunedL
     except RuntimeError as err:
         raise ValueError(f"The tuned-lens folder {folder} does not match this model's "
                          f"layout: {err}") from err
-    return lens
+    return lens.requires_grad_(False)

@@ -199,4 +199,4 @@ def load_lens(path: Union[str, Path], model: nn.Module,
     lens = _KINDS[payload["kind"]](resolve_readout(model), payload["num_layers"],
                                    payload["hidden_size"], digest, payload["settings"])
     lens.load_state_dict(payload["state"])
-    return lens
+    return lens.requires_grad_(False)

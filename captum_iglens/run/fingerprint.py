@@ -53,7 +53,8 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
             ``onset_rule``, ``top_k``, ``stride`` (missing ones are recorded as ``None``),
             and ``granularity`` (recorded and compared when it is not ``"block"``) and
             ``effect`` (recorded and compared when it is not ``"readout"``; the total
-            effect's exact split depends on ``n_steps``, so it is kept then).
+            effect's exact split depends on ``n_steps``, so it is kept then), and ``lens``
+            (the per-layer readout's kind, recorded and compared when it is not ``"logit"``).
 
     Returns:
         dict: the entries of :data:`FINGERPRINT_KEYS`, ``torch`` and ``transformers``

@@ -265,3 +265,18 @@ def test_the_text_level_result_carries_the_lens_terms() -> None:
     assert torch.equal(back.lens_change, result.lens_change)  # exact: float32 via JSON floats
     plain = explain(lm, tokenizer, "w1 w2 w3", max_new_tokens=3, chat_template=False)
     assert plain.lens_change is None and "lens_change" not in json.dumps(plain.to_dict())
+
+
+def test_an_interrupted_tuned_fit_resumes_to_the_same_lens(model, tmp_path) -> None:
+    corpus = _corpus()
+    whole = fit_tuned_lens(model, corpus, steps=6, lr=1e-2, progress=False)
+    checkpoint = tmp_path / "fit.ckpt"
+    fit_tuned_lens(model, corpus, steps=3, lr=1e-2, progress=False, checkpoint=checkpoint,
+                   checkpoint_every=3)  # "interrupted" after step 3, its checkpoint written
+    assert torch.load(checkpoint, weights_only=True)["step"] == 3
+    resumed = fit_tuned_lens(model, corpus, steps=6, lr=1e-2, progress=False,
+                             checkpoint=checkpoint, checkpoint_every=3)
+    # the same row draws (seeded per step) and the optimiser's state restored: bit for bit
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # exact: the same float32 operations in the same order
+    assert float(whole.translators[0].weight.abs().max()) > 0  # it did train
