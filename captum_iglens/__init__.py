@@ -26,6 +26,13 @@ _EXPORTS = {
     "LensReadout": "captum_iglens.lens.readout",
     "LayerReadout": "captum_iglens.lens.layer_readout",
     "LogitLens": "captum_iglens.lens.layer_readout",
+    "JacobianLens": "captum_iglens.lens.translators",
+    "LensDigestError": "captum_iglens.lens.translators",
+    "TunedLens": "captum_iglens.lens.translators",
+    "load_lens": "captum_iglens.lens.translators",
+    "fit_jacobian_lens": "captum_iglens.lens.fit",
+    "fit_tuned_lens": "captum_iglens.lens.fit",
+    "load_tuned_lens_folder": "captum_iglens.lens.fit",
     "ReadoutMismatchError": "captum_iglens.lens.readout",
     "resolve_readout": "captum_iglens.lens.readout",
     "CompletenessBatch": "captum_iglens.results",
@@ -50,10 +57,12 @@ if TYPE_CHECKING:  # the names as a type checker and an IDE see them
         resolve_decoder_blocks,
         resolve_layout,
     )
+    from captum_iglens.lens.fit import fit_jacobian_lens, fit_tuned_lens, load_tuned_lens_folder
     from captum_iglens.lens.layer_readout import LayerReadout, LogitLens
     from captum_iglens.lens.readout import LensReadout, ReadoutMismatchError, resolve_readout
     from captum_iglens.lens.registry import register_family
     from captum_iglens.lens.spec import LensSpec
+    from captum_iglens.lens.translators import JacobianLens, LensDigestError, TunedLens, load_lens
     from captum_iglens.llm_attr import LLMIGLensAttribution
     from captum_iglens.results import (
         CompletenessBatch,
@@ -95,16 +104,23 @@ __all__ = [
     "IGLensLLMAttributionResult",
     "IGLensOutput",
     "IGLensResult",
+    "JacobianLens",
     "LLMIGLensAttribution",
     "LayerReadout",
+    "LensDigestError",
     "LensReadout",
     "LensSpec",
     "LogitLens",
     "ReadoutMismatchError",
+    "TunedLens",
     "UnknownArchitectureError",
     "compare_completeness",
     "explain",
     "explain_ids",
+    "fit_jacobian_lens",
+    "fit_tuned_lens",
+    "load_lens",
+    "load_tuned_lens_folder",
     "onset_layer_indices",
     "register_estimator",
     "register_family",

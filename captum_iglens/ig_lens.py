@@ -88,7 +88,7 @@ class IGLens(GradientAttribution):
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
         effect: str = DEFAULT_EFFECT,
-        lens: Optional[LayerReadout] = None,
+        lens: Union[None, str, LayerReadout] = None,
     ) -> None:
         r"""Build IG-Lens for a causal LM and its chosen layers.
 
@@ -128,7 +128,8 @@ class IGLens(GradientAttribution):
                 its reference (``baselines``: ``"mean"``, ``"zero"`` or reference ids), adding
                 up to ``F(1) - F(0)``; ``"atp"``: attribution patching (not additive). See
                 :mod:`captum_iglens._core.total_effect` (sub-layer and head gates too).
-            lens (LayerReadout, optional): See :mod:`captum_iglens.lens.layer_readout`.
+            lens (str or LayerReadout, optional): ``"logit"`` (default), ``"tuned"``,
+                ``"jacobian"`` (fitted: :mod:`captum_iglens.lens.fit`) or a per-layer readout.
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
@@ -351,8 +352,7 @@ class IGLens(GradientAttribution):
     ) -> Tensor:
         """``attributions.sum(-1) - (f(h_n) - f(b))`` per explained prediction.
 
-        Captum's argument order: ``start_point`` is the baseline, ``end_point`` the inputs.
-
+        Captum's argument order: ``start_point`` is the baseline, ``end_point`` the inputs;
         ``attributions`` (``[B, k]`` or ``[B, P, k]``) from :meth:`attribute`; the other
         arguments as passed to it (``start_point`` ``None``: ``"mean"``; with ``contrast``,
         ``f`` is ``F``).

@@ -25,6 +25,13 @@ __all__ = [
     "DEFAULT_CHUNK",
     "DEFAULT_EFFECT",
     "DEFAULT_GRANULARITY",
+    "DEFAULT_LENS",
+    "LENSES",
+    "FIT_BATCH_TOKENS",
+    "FIT_LR",
+    "FIT_SEQUENCES",
+    "FIT_SEQ_LEN",
+    "FIT_STEPS",
     "DEFAULT_MAX_NEW_TOKENS",
     "DEFAULT_MAX_RECORDS",
     "DEFAULT_METHOD",
@@ -131,6 +138,17 @@ DEFAULT_GRANULARITY = "block"
 #: patching, the first-order estimate of each block's single-update removal: not additive).
 EFFECTS: tuple[str, ...] = ("readout", "total", "atp")
 DEFAULT_EFFECT = "readout"
+#: Named per-layer readouts: the logit lens (the model's own readout at every layer) and the
+#: fitted ones (``iglens fit-lens``; :mod:`captum_iglens.lens.translators`).
+LENSES: tuple[str, ...] = ("logit", "tuned", "jacobian")
+DEFAULT_LENS = "logit"
+#: ``iglens fit-lens``: Adam steps of the tuned lens, its learning rate and token rows per step;
+#: the corpus's chunks and their length in tokens.
+FIT_STEPS = 120
+FIT_LR = 1e-3
+FIT_BATCH_TOKENS = 32
+FIT_SEQUENCES = 40
+FIT_SEQ_LEN = 64
 #: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
 ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
 DEFAULT_ONSET_RULE = "sustained"

@@ -134,6 +134,18 @@ def add_effect_option(parser: argparse.ArgumentParser) -> None:
     add_check(parser, _check_effect)
 
 
+def add_lens_option(parser: argparse.ArgumentParser) -> None:
+    """``--lens``: the per-layer readout (``logit``, the default, or a fitted lens)."""
+    from captum_iglens.settings import DEFAULT_LENS, LENSES
+
+    parser.add_argument(
+        "--lens", choices=LENSES, default=DEFAULT_LENS,
+        help=f"the per-layer readout (default: {DEFAULT_LENS}, the model's own final norm "
+        "and unembedding at every layer); tuned or jacobian: the lens fitted for this model "
+        "by `iglens fit-lens` (credits are then block terms, and lens_change holds the "
+        "change of readout between layers)")
+
+
 def _check_effect(args: argparse.Namespace) -> None:
     from captum_iglens.settings import DEFAULT_EFFECT
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Protocol
 
-from captum_iglens.cli import benchmark, compare, explain, run, summarize, validate
+from captum_iglens.cli import benchmark, compare, explain, fit_lens, run, summarize, validate
 
 __all__ = ["COMMANDS", "DEFAULT_COMMAND", "Command"]
 
@@ -40,6 +40,7 @@ COMMANDS: dict[str, Command] = {
     "run": run,  # type: ignore[dict-item]
     "summarize": summarize,  # type: ignore[dict-item]
     "benchmark": benchmark,  # type: ignore[dict-item]
+    "fit-lens": fit_lens,  # type: ignore[dict-item]
 }
 
 #: The command that ``iglens PROMPT ...`` (no command name first) runs.

@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layer_opts.add_granularity_options(parser)
     opts.add_estimator_options(parser)
     opts.add_effect_option(parser)
+    opts.add_lens_option(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
     opts.add_output_options(
@@ -169,6 +170,7 @@ def _explainer(
             template_kwargs=opts.template_kwargs(args),
             contrast=args.contrast,
             settings=settings,
+            layer_readout=args.lens,
         )
 
     def _print(result: Any, prompt: str) -> None:

@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layer_opts.add_granularity_options(parser, heads=False)
     opts.add_estimator_options(parser)
     opts.add_effect_option(parser)
+    opts.add_lens_option(parser)
     opts.add_result_options(parser)
     opts.add_generation_options(parser)
     opts.add_check(parser, _check_files)
@@ -171,7 +172,8 @@ def _settings_map(args: argparse.Namespace) -> dict[str, Any]:
     from captum_iglens.run.resume import fingerprint_settings
 
     return fingerprint_settings(opts.attribution_settings(args), opts.report_settings(args),
-                                opts.generation_settings(args), stride=args.stride)
+                                opts.generation_settings(args), stride=args.stride,
+                                lens=args.lens)
 
 
 def _done_lines(output: Path) -> list[dict[str, Any]]:
@@ -268,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     if procs.is_main:
         opts.warn_unused_template_date(args, tokenizer)
     lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity,
-                  effect=args.effect)
+                  effect=args.effect, lens=args.lens)
     settings = RunSettings(
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),

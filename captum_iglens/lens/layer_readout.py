@@ -25,7 +25,7 @@ from torch import Tensor
 
 from captum_iglens._utils.typing import Readout
 
-__all__ = ["LayerReadout", "LogitLens", "at_layer", "is_per_layer"]
+__all__ = ["LayerReadout", "LogitLens", "at_layer", "is_per_layer", "lens_name"]
 
 
 @runtime_checkable
@@ -60,6 +60,17 @@ class LogitLens:
 def is_per_layer(lens: object) -> bool:
     """Whether ``lens`` reads layers differently (anything but :class:`LogitLens`)."""
     return not isinstance(lens, LogitLens)
+
+
+def lens_name(lens: object) -> str:
+    """The name a run records for a readout.
+
+    ``"logit"``, a fitted lens's ``kind`` (``"tuned"``, ``"jacobian"``), else the readout's
+    class name.
+    """
+    if isinstance(lens, LogitLens) or lens is None:
+        return "logit"
+    return str(getattr(lens, "kind", "") or type(lens).__name__)
 
 
 @dataclass(frozen=True)

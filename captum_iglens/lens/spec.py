@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from captum_iglens.lens.sublayer import HalfBlockSite, HeadSite, half_block_site
 from captum_iglens.settings import (
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
+    DEFAULT_LENS,
     DEFAULT_UNITS,
     EFFECTS,
     GRANULARITIES,
@@ -114,13 +115,15 @@ class LensSpec:
         granularity: str = DEFAULT_GRANULARITY,
         heads: bool = False,
         effect: str = DEFAULT_EFFECT,
-        lens: Optional[LayerReadout] = None,
+        lens: Union[None, str, LayerReadout] = None,
     ) -> LensSpec:
         """Locate the blocks and readout, resolve the layers and check every setting.
 
         Arguments are those of :class:`~captum_iglens.IGLens`; ``lens`` is a per-layer
         readout ``lens(h, layer) -> logits`` (:class:`~captum_iglens.lens.layer_readout.
-        LayerReadout`; default: the model's own readout at every layer).
+        LayerReadout`; default: the model's own readout at every layer) or a name:
+        ``"logit"`` (the default), ``"tuned"`` or ``"jacobian"`` (the newest lens of that
+        kind fitted for this model, :func:`~captum_iglens.lens.fit.named_lens`).
 
         Raises:
             UnknownArchitectureError: the decoder blocks or final norm cannot be located.
@@ -137,6 +140,8 @@ class LensSpec:
             raise ValueError(f"units={units!r}: use one of {UNITS}.")
         if effect not in EFFECTS:
             raise ValueError(f"effect={effect!r}: use one of {EFFECTS}.")
+        if isinstance(lens, str):
+            lens = _named_lens(model, lens)
         if lens is not None:
             _check_lens(lens, granularity, effect)
         model = strip_parallel(model)
@@ -212,6 +217,15 @@ class LensSpec:
     def recordable(self) -> bool:
         """Whether residuals recorded while generating can serve the path (block nodes)."""
         return self.granularity == "block" and self.effect == DEFAULT_EFFECT
+
+
+def _named_lens(model: nn.Module, name: str) -> Optional[LayerReadout]:
+    """``"logit"`` -> None (the default seam); a fitted kind -> its cached lens."""
+    if name == DEFAULT_LENS:
+        return None
+    from captum_iglens.lens.fit import named_lens
+
+    return named_lens(model, name)
 
 
 def _check_lens(lens: object, granularity: str, effect: str) -> None:

@@ -83,6 +83,10 @@ class IGLensResult:
             the probability with every chosen update at its reference) or ``"atp"``
             (attribution patching's estimates: not a decomposition; ``convergence_delta``
             is their gap to ``delta_p``).
+        lens_change (Tensor, optional): ``[T, k]`` with a per-layer readout (``lens=`` of
+            :class:`~captum_iglens.IGLens`): the lens terms ``g_{L_j}(h_{L_{j-1}}) -
+            g_{L_{j-1}}(h_{L_{j-1}})``; credits plus lens terms add up to ``delta_p``
+            (JSON: ``"lens_change"`` per token). None for the logit lens.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -127,6 +131,7 @@ class IGLensResult:
     head_credits: Optional[Tensor] = None
     head_rest: Optional[Tensor] = None
     effect: str = DEFAULT_EFFECT
+    lens_change: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
@@ -184,6 +189,8 @@ class IGLensResult:
             entry["contrast_id"] = int(self.contrast_ids[t])
             entry["contrast_token"] = (self.contrast_tokens[t] if self.contrast_tokens
                                        is not None else None)
+        if self.lens_change is not None:
+            entry["lens_change"] = self.lens_change[t].tolist()
         if self.head_credits is not None and self.head_rest is not None:
             entry["head_credits"] = self.head_credits[t].tolist()
             entry["head_rest"] = self.head_rest[t].tolist()
@@ -270,6 +277,8 @@ class IGLensResult:
             "p_final": torch.tensor([t["p_final"] for t in tokens]),
             "p_baseline": torch.tensor([t["p_baseline"] for t in tokens]),
             "convergence_delta": torch.tensor([t["convergence_delta"] for t in tokens]),
+            **({"lens_change": torch.tensor([t["lens_change"] for t in tokens]).reshape(-1, k)}
+               if tokens and "lens_change" in tokens[0] else {}),
         }
         names = {f.name for f in fields(cls)} - set(per_token) - set(tensors)
         plain = {key: data[key] for key in names if key in data}

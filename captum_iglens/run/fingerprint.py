@@ -23,9 +23,15 @@ from torch import nn
 
 from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
+from captum_iglens.lens.weights import weights_digest
 from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
 from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
-from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, settings_from_record
+from captum_iglens.settings import (
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    DEFAULT_LENS,
+    settings_from_record,
+)
 
 __all__ = [
     "FINGERPRINT_KEYS",
@@ -37,26 +43,6 @@ __all__ = [
     "run_lock",
     "weights_digest",
 ]
-
-
-def weights_digest(model: nn.Module) -> str:
-    """A content hash of the model's parameters and persistent buffers (BLAKE2b, 16 hex).
-
-    Names, dtypes, shapes and bytes of every tensor, in the model's own order: another
-    checkpoint, a fine-tune or another dtype gives another digest. Tensors on the ``meta``
-    device (offloaded) contribute their name, dtype and shape only. Costs one read of the
-    weights (about 0.5 s per GB here).
-    """
-    inner = unwrap_model(model)
-    digest = hashlib.blake2b(digest_size=8)
-    tensors = list(inner.state_dict(keep_vars=True).items())
-    for name, tensor in tensors:
-        tensor = tensor.detach()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
-        if tensor.device.type != "meta" and tensor.numel():
-            flat = tensor.cpu().contiguous().reshape(-1)
-            digest.update(flat.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
 
 
 def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
@@ -72,7 +58,8 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
             ``onset_rule``, ``top_k``, ``stride`` (missing ones are recorded as ``None``),
             and ``granularity`` (recorded and compared when it is not ``"block"``) and
             ``effect`` (recorded and compared when it is not ``"readout"``; the total
-            effect's exact split depends on ``n_steps``, so it is kept then).
+            effect's exact split depends on ``n_steps``, so it is kept then), and ``lens``
+            (the per-layer readout's kind, recorded and compared when it is not ``"logit"``).
 
     Returns:
         dict: the entries of :data:`FINGERPRINT_KEYS`, ``torch`` and ``transformers``
@@ -100,6 +87,10 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     if effect != DEFAULT_EFFECT:  # readout runs keep the digests they always had
         entries["effect"] = effect
         compared_keys = (*compared_keys, "effect")
+    lens = settings.get("lens")
+    if lens not in (None, DEFAULT_LENS):  # logit-lens runs keep the digests they always had
+        entries["lens"] = lens
+        compared_keys = (*compared_keys, "lens")
     compared = json.dumps([entries[k] for k in compared_keys], sort_keys=True, default=str)
     entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
     entries["torch"] = torch.__version__
@@ -131,7 +122,8 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
             continue
         diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
                  for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
-        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT)):
+        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT),
+                             ("lens", DEFAULT_LENS)):
             mine, other = (f.get(key, default) for f in (fingerprint, theirs))
             if mine != other:
                 diffs.append(f"{key}: {other!r} there, {mine!r} now")

@@ -21,6 +21,7 @@ from captum_iglens.settings import (
     CAPTUM_METHODS,
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
+    DEFAULT_LENS,
     AttributionSettings,
     GenerationSettings,
     ReportSettings,
@@ -40,7 +41,8 @@ FINGERPRINT_KEYS = ("package", "model", "weights", "dtype", "layers", "units", "
 SETTINGS_KEYS = FINGERPRINT_KEYS[6:]
 #: Entries recorded (and compared) only away from their default, so that runs at the
 #: default keep the digests they always had.
-OPTIONAL_KEYS = {"granularity": DEFAULT_GRANULARITY, "effect": DEFAULT_EFFECT}
+OPTIONAL_KEYS = {"granularity": DEFAULT_GRANULARITY, "effect": DEFAULT_EFFECT,
+                 "lens": DEFAULT_LENS}
 
 
 def _jsonable(value: Any) -> Any:
@@ -60,7 +62,8 @@ def input_hash(fields: Mapping[str, Any]) -> str:
 
 
 def fingerprint_settings(attribution: AttributionSettings, report: ReportSettings,
-                         generation: GenerationSettings, *, stride: int) -> dict[str, Any]:
+                         generation: GenerationSettings, *, stride: int,
+                         lens: str = DEFAULT_LENS) -> dict[str, Any]:
     """The settings mapping of a run's fingerprint (for the run and the check before the load).
 
     Args:
@@ -69,6 +72,7 @@ def fingerprint_settings(attribution: AttributionSettings, report: ReportSetting
         report (ReportSettings): Onset rule and fraction, top-k.
         generation (GenerationSettings): Answer length, chat template and its variables.
         stride (int): Document mode's step between explained positions.
+        lens (str): The per-layer readout's kind (recorded only when it is not ``"logit"``).
 
     Returns:
         dict: the keys of :data:`SETTINGS_KEYS`, ``granularity`` when it is not ``"block"``
@@ -81,7 +85,8 @@ def fingerprint_settings(attribution: AttributionSettings, report: ReportSetting
             "template_kwargs": generation.template_kwargs, "onset_frac": report.onset_frac,
             "onset_rule": report.onset_rule, "top_k": report.top_k, "stride": stride,
             **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity}),
-            **({} if effect == DEFAULT_EFFECT else {"effect": effect})}
+            **({} if effect == DEFAULT_EFFECT else {"effect": effect}),
+            **({} if lens == DEFAULT_LENS else {"lens": lens})}
 
 
 def record_fields(record: Any) -> dict[str, Optional[Any]]:

@@ -188,6 +188,7 @@ def explain(
     granularity: Optional[str] = None,
     heads: Optional[bool] = None,
     effect: Optional[str] = None,
+    layer_readout: Any = None,
     *,
     baselines: Optional[BaselineSpec] = None,
     method: Optional[str] = None,
@@ -248,6 +249,9 @@ def explain(
             first-order estimates, not a decomposition); see :class:`~captum_iglens.IGLens`.
             A total-effect answer is generated first and then explained with one
             teacher-forced forward.
+        layer_readout (str or LayerReadout, optional): The per-layer readout, ``lens`` of
+            :class:`~captum_iglens.IGLens` (``"logit"``, ``"tuned"``, ``"jacobian"`` or an
+            object). Default: None (the logit lens).
         baselines (str or Tensor, optional): Keyword-only, as for
             :meth:`~captum_iglens.IGLens.attribute`. Default: ``"mean"``.
         method (str, optional): Keyword-only: the estimator. Default: ``"prediction_aware"``.
@@ -281,7 +285,7 @@ def explain(
         baselines=baselines, method=method, n_steps=n_steps,
         internal_batch_size=internal_batch_size, units=units, granularity=granularity,
         heads=heads, effect=effect)
-    lens = IGLens(model, layers=layers, **chosen.lens_options())
+    lens = IGLens(model, layers=layers, lens=layer_readout, **chosen.lens_options())
     report = ReportSettings(onset_frac, onset_rule, top_k)
     generation = GenerationSettings(max_new_tokens, chat_template, template_kwargs)
 

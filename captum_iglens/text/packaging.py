@@ -111,6 +111,7 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         granularity=out.granularity,
         effect=out.effect,
         **_head_fields(out, row, cols),
+        lens_change=None if out.lens_change is None else as_cpu(out.lens_change[row, cols]),
         **_top_k_fields(out, row, cols, tokenizer),
         **_contrast_fields(out, row, cols, tokenizer),
     )
