@@ -218,15 +218,15 @@ def test_a_tuned_lens_package_folder_loads_where_the_layouts_match(model, tmp_pa
 
 
 def test_the_lens_is_fingerprinted_only_away_from_logit() -> None:
-    common = dict(method="prediction_aware", n_steps=20, baselines="mean", max_new_tokens=8,
-                  chat_template=True, template_kwargs=None, onset_frac=0.5,
-                  onset_rule="sustained", top_k=0, stride=1, granularity="block",
-                  effect="readout")
-    old = fingerprint_settings(**common)
-    assert fingerprint_settings(**common, lens="logit") == old
+    from captum_iglens.settings import AttributionSettings, GenerationSettings, ReportSettings
+
+    settings = (AttributionSettings(n_steps=20), ReportSettings(), GenerationSettings(8))
+    common = dict(stride=1)
+    old = fingerprint_settings(*settings, **common)
+    assert fingerprint_settings(*settings, **common, lens="logit") == old
     assert planned_entries(old, "probability") == planned_entries(
-        fingerprint_settings(**common, lens="logit"), "probability")
-    tuned = fingerprint_settings(**common, lens="tuned")
+        fingerprint_settings(*settings, **common, lens="logit"), "probability")
+    tuned = fingerprint_settings(*settings, **common, lens="tuned")
     assert tuned["lens"] == "tuned"
     assert planned_entries(tuned, "probability")["lens"] == "tuned"
 
