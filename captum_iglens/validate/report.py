@@ -201,7 +201,8 @@ class ValidationResult:
         return ["total effect: exact share of the drop when every block's update at the token",
                 "goes to its reference (8 steps); AtP: first-order estimate of each single-block",
                 "drop (not additive); both with the ablation's reference (zero; causal mean for",
-                "mean), scored on zero and mean ablation only; the readout credit decides H1-H3."]
+                "mean), scored only where the ablation is zero or mean; the readout credit decides",
+                "H1-H3."]
 
     def _patch_head(self) -> list[str]:
         pairs = self.patching["pairs"]  # type: ignore[index]  # called when patching ran
