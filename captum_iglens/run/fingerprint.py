@@ -24,7 +24,13 @@ from torch import nn
 from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
-from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
+from captum_iglens.run.resume import (
+    FINGERPRINT_KEYS,
+    OPTIONAL_KEYS,
+    _jsonable,
+    input_hash,
+    record_fields,
+)
 from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, settings_from_record
 
 __all__ = [
@@ -72,7 +78,8 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
             ``onset_rule``, ``top_k``, ``stride`` (missing ones are recorded as ``None``),
             and ``granularity`` (recorded and compared when it is not ``"block"``) and
             ``effect`` (recorded and compared when it is not ``"readout"``; the total
-            effect's exact split depends on ``n_steps``, so it is kept then).
+            effect's exact split depends on ``n_steps``, so it is kept then), ``scope``
+            and ``grad_drop`` (likewise, away from ``"position"`` and False).
 
     Returns:
         dict: the entries of :data:`FINGERPRINT_KEYS`, ``torch`` and ``transformers``
@@ -100,6 +107,10 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     if effect != DEFAULT_EFFECT:  # readout runs keep the digests they always had
         entries["effect"] = effect
         compared_keys = (*compared_keys, "effect")
+    for key in ("scope", "grad_drop"):  # likewise: recorded only away from the default
+        if getattr(recorded, key) != OPTIONAL_KEYS[key]:
+            entries[key] = getattr(recorded, key)
+            compared_keys = (*compared_keys, key)
     compared = json.dumps([entries[k] for k in compared_keys], sort_keys=True, default=str)
     entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
     entries["torch"] = torch.__version__
@@ -131,7 +142,7 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
             continue
         diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
                  for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
-        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT)):
+        for key, default in OPTIONAL_KEYS.items():
             mine, other = (f.get(key, default) for f in (fingerprint, theirs))
             if mine != other:
                 diffs.append(f"{key}: {other!r} there, {mine!r} now")
