@@ -107,7 +107,7 @@ def test_default_digests_are_unchanged_and_another_scope_differs() -> None:
     assert readout["digest"] == _digest_without_new_keys(readout)
     total = _fingerprint(model, AttributionSettings(effect="total", baselines="zero"))
     assert "scope" not in total and "grad_drop" not in total
-    assert total["digest"] == _digest_without_new_keys(total, ("effect",))
+    assert total["digest"] == _digest_without_new_keys(total, ("effect",))  # exact: hex strings
     seq = _fingerprint(model, AttributionSettings(effect="total", baselines="zero",
                                                   scope="sequence"))
     assert seq["scope"] == "sequence" and "grad_drop" not in seq
