@@ -38,11 +38,13 @@ __all__ = [
     "DEFAULT_N_STEPS",
     "DEFAULT_ONSET_FRAC",
     "DEFAULT_ONSET_RULE",
+    "DEFAULT_SCOPE",
     "DEFAULT_UNITS",
     "EFFECTS",
     "GRANULARITIES",
     "METHODS",
     "ONSET_RULES",
+    "SCOPES",
     "UNITS",
     "DEFAULT_N_BOOT",
     "VALIDATE_DONORS",
@@ -149,6 +151,10 @@ FIT_LR = 1e-3
 FIT_BATCH_TOKENS = 32
 FIT_SEQUENCES = 40
 FIT_SEQ_LEN = 64
+#: Where a total-effect (or AtP) lens's gates act: ``"position"`` (the explained position's
+#: updates only) or ``"sequence"`` (every position up to it, one shared gate per block).
+SCOPES: tuple[str, ...] = ("position", "sequence")
+DEFAULT_SCOPE = "position"
 #: Onset rules: ``sustained`` (cumulative credit stays past ``frac * delta_p``) or ``mass``.
 ONSET_RULES: tuple[str, ...] = ("sustained", "mass")
 DEFAULT_ONSET_RULE = "sustained"
@@ -192,6 +198,16 @@ class AttributionSettings:
         granularity (str): One of :data:`GRANULARITIES` (the lens ``explain`` builds).
         effect (str): One of :data:`EFFECTS` (the lens ``explain`` builds).
         heads (bool): Per-head attention credits (the lens ``explain`` builds).
+        scope (str): One of :data:`SCOPES`, for a lens with ``effect="total"`` or
+            ``"atp"``: ``"position"`` (default) gates each block's update at the explained
+            position only; ``"sequence"`` at every position up to it (one full forward and
+            backward of the prefix per step, about ``i + 1`` times the cost; block
+            granularity only). A readout lens refuses ``"sequence"``.
+        grad_drop (bool): AtP* (Kramar et al. 2024, Section 3.1.2): attribution patching
+            with GradDrop, for a lens with ``effect="atp"`` at position scope; the result
+            records ``method="atp*"``. A switch, not a ``method`` name: ``method`` names
+            the path-integral estimator (checked against the estimator registry), which
+            attribution patching does not use. Default: False.
     """
 
     method: str = DEFAULT_METHOD
@@ -202,6 +218,8 @@ class AttributionSettings:
     granularity: str = DEFAULT_GRANULARITY
     effect: str = DEFAULT_EFFECT
     heads: bool = False
+    scope: str = DEFAULT_SCOPE
+    grad_drop: bool = False
 
     def updated(self, **given: Any) -> AttributionSettings:
         """These settings with each keyword that is not ``None`` in place of its field.

@@ -18,6 +18,7 @@ DEFAULTS = {
     "frac": settings.DEFAULT_ONSET_FRAC, "onset_rule": settings.DEFAULT_ONSET_RULE,
     "rule": settings.DEFAULT_ONSET_RULE, "max_new_tokens": settings.DEFAULT_MAX_NEW_TOKENS,
     "granularity": settings.DEFAULT_GRANULARITY, "donors": settings.VALIDATE_DONORS,
+    "scope": settings.DEFAULT_SCOPE,
 }
 
 

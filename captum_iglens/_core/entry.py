@@ -35,7 +35,7 @@ from captum_iglens._core.pipeline import (
 )
 from captum_iglens._core.request import Forward, Recorded
 from captum_iglens._core.sublayer_path import capture_granular, sublayer_output
-from captum_iglens._core.total_effect import run_total
+from captum_iglens._core.total_effect import check_gate_options, run_total
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.changes import check_unchanged
 from captum_iglens.lens.spec import LensSpec
@@ -66,8 +66,9 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
             effect).
         source (Forward or Recorded): What is attributed.
         settings (AttributionSettings): ``method``, ``n_steps``, ``baselines``,
-            ``internal_batch_size`` (the lens's own ``units``, ``granularity`` and
-            ``effect`` decide, not the settings').
+            ``internal_batch_size``, and for a total-effect or AtP lens ``scope`` and
+            ``grad_drop`` (the lens's own ``units``, ``granularity`` and ``effect``
+            decide, not the settings').
         top_k (int, optional): The logit lens's top tokens recorded per layer. Default: 0.
 
     Returns:
@@ -77,8 +78,10 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
     Raises:
         ValueError: an unknown estimator or bad ``n_steps``
             (:func:`~captum_iglens._core.pipeline.check_estimator`), ``top_k`` negative or
-            above the vocabulary, a recording for a
-            sub-layer or total-effect lens; and as :meth:`~captum_iglens.IGLens.attribute`.
+            above the vocabulary, a recording for a sub-layer or total-effect lens, a
+            ``scope`` or ``grad_drop`` the lens cannot honour
+            (:func:`~captum_iglens._core.total_effect.check_gate_options`); and as
+            :meth:`~captum_iglens.IGLens.attribute`.
         RuntimeError: a gradient estimator under ``torch.inference_mode()``.
         ModelChangedError: the model changed since the lens was built
             (:func:`~captum_iglens.lens.changes.check_unchanged`).
@@ -87,13 +90,15 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
     check_estimator(method, n_steps)
     check_top_k(top_k, spec.vocab_size)
     check_unchanged(spec)
+    check_gate_options(spec, settings.scope, settings.grad_drop)
     if isinstance(source, Recorded):
         return _recorded(spec, source, settings, top_k), False
     if spec.effect != DEFAULT_EFFECT:
         return run_total(spec, source.inputs, settings.baselines, source.target,
                          source.additional_forward_args, n_steps, method,
                          settings.internal_batch_size, source.positions, top_k,
-                         source.contrast, source.explained)
+                         source.contrast, source.explained, settings.scope,
+                         settings.grad_drop)
     if spec.granularity == "sublayer":
         return sublayer_output(spec, source, settings=settings, top_k=top_k)
     # the capture is handed over, not kept: its [B, P, V] distribution is freed after the check

@@ -35,17 +35,15 @@ from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_state_preserved
 from captum_iglens.results import IGLensOutput
+from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_SCOPE, SCOPES
 
-__all__ = ["GATE_ROWS", "SCOPES", "grad_drop_estimate", "run_total"]
+__all__ = ["GATE_ROWS", "SCOPES", "check_gate_options", "grad_drop_estimate", "run_total"]
 
 
 #: Gated rows per single-position forward when ``internal_batch_size`` is not given (a
 #: group of explained positions shares one forward and one read of the weights).
 GATE_ROWS = 256
 
-#: Where the gates act: ``"position"`` (the explained position's updates only; the default)
-#: or ``"sequence"`` (every position up to it, one shared gate per block).
-SCOPES: tuple[str, ...] = ("position", "sequence")
 
 
 def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tensor,
@@ -244,12 +242,36 @@ def _targets(clean: CleanTrace, request: PathRequest, target: TargetSpec,
     return tgt, foil, ids
 
 
+def check_gate_options(spec: LensSpec, scope: str, grad_drop: bool) -> None:
+    """Refuse a ``scope`` or ``grad_drop`` that ``spec``'s lens cannot honour.
+
+    Raises:
+        ValueError: ``scope`` not one of :data:`SCOPES`; ``scope="sequence"`` for a readout
+            lens (it has no gates) or at sub-layer or head granularity; ``grad_drop``
+            without ``effect="atp"`` at position scope on a model of >= 2 blocks.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}.")
+    if grad_drop and (spec.effect != "atp" or scope != DEFAULT_SCOPE
+                      or len(spec.decoder_blocks) < 2):
+        raise ValueError("grad_drop (AtP*'s GradDrop) modifies attribution patching: use it "
+                         "with effect='atp', scope='position' and a model of >= 2 blocks.")
+    if scope != DEFAULT_SCOPE and spec.effect == DEFAULT_EFFECT:
+        raise ValueError(f"scope={scope!r} says where a total-effect lens's gates act; a "
+                         "readout lens (effect='readout') has none: build the lens with "
+                         "effect='total' or 'atp', or leave scope='position'.")
+    if scope == "sequence" and spec.granularity != "block":
+        raise ValueError("scope='sequence' gates whole blocks at every position; sub-layer "
+                         "and head gates are position-scope only: use granularity='block' "
+                         "or scope='position'.")
+
+
 def run_total(
     spec: LensSpec, inputs: Tensor, baselines: BaselineSpec, target: TargetSpec,
     additional_forward_args: Any, n_steps: int, method: str,
     internal_batch_size: Optional[int], positions: PositionSpec, top_k: int = 0,
     contrast: TargetSpec = None, explained: Optional[Tensor] = None,
-    scope: str = "position", grad_drop: bool = False,
+    scope: str = DEFAULT_SCOPE, grad_drop: bool = False,
 ) -> tuple[IGLensOutput, bool]:
     """Total-effect (or attribution-patching) credits of ``spec``'s chosen blocks.
 
@@ -282,16 +304,7 @@ def run_total(
         RuntimeError: the gated forward at ``g = 1`` does not reproduce the model's own
             probability (a family whose KV cache cannot serve single-position forwards).
     """
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}.")
-    if grad_drop and (spec.effect != "atp" or scope != "position"
-                      or len(spec.decoder_blocks) < 2):
-        raise ValueError("grad_drop (AtP*'s GradDrop) modifies attribution patching: use it "
-                         "with effect='atp', scope='position' and a model of >= 2 blocks.")
-    if scope == "sequence" and spec.granularity != "block":
-        raise ValueError("scope='sequence' gates whole blocks at every position; sub-layer "
-                         "and head gates are position-scope only: use granularity='block' "
-                         "or scope='position'.")
+    check_gate_options(spec, scope, grad_drop)
     request = PathRequest.parse(spec, inputs, positions, baselines, additional_forward_args,
                                 explained)
     with model_state_preserved(spec.model):

@@ -120,9 +120,11 @@ def add_effect_option(parser: argparse.ArgumentParser) -> None:
     """``--effect``: readout credits (default), total-effect credits or attribution patching.
 
     With ``total`` or ``atp``, ``--baseline`` names the gates' reference (``mean`` or
-    ``zero``; ``embedding`` is refused) and ``--heads`` is refused.
+    ``zero``; ``embedding`` is refused) and ``--heads`` is refused; ``--scope sequence``
+    gates every position up to the token's (block granularity) and ``--grad-drop`` (with
+    ``atp``) gives AtP*.
     """
-    from captum_iglens.settings import DEFAULT_EFFECT, EFFECTS
+    from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_SCOPE, EFFECTS, SCOPES
 
     parser.add_argument(
         "--effect", choices=EFFECTS, default=DEFAULT_EFFECT,
@@ -131,6 +133,14 @@ def add_effect_option(parser: argparse.ArgumentParser) -> None:
         "the change of p(token) when every block's update at the token's position goes to "
         "its reference (--baseline mean or zero); atp: attribution patching's first-order "
         "estimate per block (not a decomposition)")
+    parser.add_argument(
+        "--scope", choices=SCOPES, default=DEFAULT_SCOPE,
+        help=f"with --effect total or atp: where the gates act (default: {DEFAULT_SCOPE}, "
+        "the token's position); sequence: every position up to it, one gate per block "
+        "(block granularity; at position i it costs about i + 1 times as much)")
+    parser.add_argument("--grad-drop", action="store_true",
+                        help="with --effect atp: AtP*'s GradDrop (Kramar et al. 2024), "
+                        "recorded as method atp*")
     add_check(parser, _check_effect)
 
 
@@ -147,11 +157,21 @@ def add_lens_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_effect(args: argparse.Namespace) -> None:
-    from captum_iglens.settings import DEFAULT_EFFECT
+    from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, DEFAULT_SCOPE
 
-    effect = args.effect
+    effect, scope = args.effect, args.scope
+    if args.grad_drop and (effect != "atp" or scope != DEFAULT_SCOPE):
+        raise UsageError("--grad-drop (AtP*'s GradDrop) modifies attribution patching: use it "
+                         "with --effect atp and --scope position")
     if effect == DEFAULT_EFFECT:
+        if scope != DEFAULT_SCOPE:
+            raise UsageError(f"--scope {scope} places the gates of --effect total or atp; "
+                             "readout credits have none: add --effect total or atp")
         return
+    granularity = getattr(args, "granularity", DEFAULT_GRANULARITY)
+    if scope != DEFAULT_SCOPE and granularity != DEFAULT_GRANULARITY:
+        raise UsageError(f"--scope {scope} gates whole blocks: sub-layer and head gates are "
+                         "position-scope only (use --granularity block or --scope position)")
     from captum_iglens._core.baseline_rows import gate_references
 
     if args.baseline not in gate_references():
@@ -289,14 +309,16 @@ def attribution_settings(args: argparse.Namespace) -> AttributionSettings:
 
     Built once, where the options enter the package: ``--method``, ``--n-steps``,
     ``--baseline``, ``--internal-batch-size`` and, where the command has them, ``--units``,
-    ``--granularity``, ``--effect`` and ``--heads`` (an option it lacks keeps its default).
+    ``--granularity``, ``--effect``, ``--heads``, ``--scope`` and ``--grad-drop`` (an
+    option it lacks keeps its default).
     No torch import.
     """
     from captum_iglens.settings import AttributionSettings
 
     names = {"method": "method", "n_steps": "n_steps", "baselines": "baseline",
              "internal_batch_size": "internal_batch_size", "units": "units",
-             "granularity": "granularity", "effect": "effect", "heads": "heads"}
+             "granularity": "granularity", "effect": "effect", "heads": "heads",
+             "scope": "scope", "grad_drop": "grad_drop"}
     return AttributionSettings().updated(
         **{field: getattr(args, option, None) for field, option in names.items()})
 

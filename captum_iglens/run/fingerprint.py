@@ -25,7 +25,13 @@ from captum_iglens._core.estimators import is_exact
 from captum_iglens.lens.architectures import display_name, unwrap_model
 from captum_iglens.lens.weights import weights_digest
 from captum_iglens.run.results_file import OutputLockedError, RunMismatchError
-from captum_iglens.run.resume import FINGERPRINT_KEYS, _jsonable, input_hash, record_fields
+from captum_iglens.run.resume import (
+    FINGERPRINT_KEYS,
+    OPTIONAL_KEYS,
+    _jsonable,
+    input_hash,
+    record_fields,
+)
 from captum_iglens.settings import (
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
@@ -58,7 +64,8 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
             ``onset_rule``, ``top_k``, ``stride`` (missing ones are recorded as ``None``),
             and ``granularity`` (recorded and compared when it is not ``"block"``) and
             ``effect`` (recorded and compared when it is not ``"readout"``; the total
-            effect's exact split depends on ``n_steps``, so it is kept then), and ``lens``
+            effect's exact split depends on ``n_steps``, so it is kept then), ``scope``
+            and ``grad_drop`` (likewise, away from ``"position"`` and False), and ``lens``
             (the per-layer readout's kind, recorded and compared when it is not ``"logit"``).
 
     Returns:
@@ -91,6 +98,10 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     if lens not in (None, DEFAULT_LENS):  # logit-lens runs keep the digests they always had
         entries["lens"] = lens
         compared_keys = (*compared_keys, "lens")
+    for key in ("scope", "grad_drop"):  # likewise: recorded only away from the default
+        if getattr(recorded, key) != OPTIONAL_KEYS[key]:
+            entries[key] = getattr(recorded, key)
+            compared_keys = (*compared_keys, key)
     compared = json.dumps([entries[k] for k in compared_keys], sort_keys=True, default=str)
     entries["digest"] = hashlib.sha256(compared.encode()).hexdigest()[:16]
     entries["torch"] = torch.__version__
@@ -122,8 +133,7 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
             continue
         diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
                  for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
-        for key, default in (("granularity", DEFAULT_GRANULARITY), ("effect", DEFAULT_EFFECT),
-                             ("lens", DEFAULT_LENS)):
+        for key, default in OPTIONAL_KEYS.items():
             mine, other = (f.get(key, default) for f in (fingerprint, theirs))
             if mine != other:
                 diffs.append(f"{key}: {other!r} there, {mine!r} now")

@@ -22,6 +22,7 @@ from captum_iglens.settings import (
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
     DEFAULT_LENS,
+    DEFAULT_SCOPE,
     AttributionSettings,
     GenerationSettings,
     ReportSettings,
@@ -42,7 +43,7 @@ SETTINGS_KEYS = FINGERPRINT_KEYS[6:]
 #: Entries recorded (and compared) only away from their default, so that runs at the
 #: default keep the digests they always had.
 OPTIONAL_KEYS = {"granularity": DEFAULT_GRANULARITY, "effect": DEFAULT_EFFECT,
-                 "lens": DEFAULT_LENS}
+                 "lens": DEFAULT_LENS, "scope": DEFAULT_SCOPE, "grad_drop": False}
 
 
 def _jsonable(value: Any) -> Any:
@@ -67,16 +68,17 @@ def fingerprint_settings(attribution: AttributionSettings, report: ReportSetting
     """The settings mapping of a run's fingerprint (for the run and the check before the load).
 
     Args:
-        attribution (AttributionSettings): The estimator, its steps, the baseline, and the
-            lens's granularity and effect.
+        attribution (AttributionSettings): The estimator, its steps, the baseline, the
+            lens's granularity and effect, and the gates' scope and ``grad_drop``.
         report (ReportSettings): Onset rule and fraction, top-k.
         generation (GenerationSettings): Answer length, chat template and its variables.
         stride (int): Document mode's step between explained positions.
         lens (str): The per-layer readout's kind (recorded only when it is not ``"logit"``).
 
     Returns:
-        dict: the keys of :data:`SETTINGS_KEYS`, ``granularity`` when it is not ``"block"``
-        and ``effect`` when it is not ``"readout"``.
+        dict: the keys of :data:`SETTINGS_KEYS`, ``granularity`` when it is not ``"block"``,
+        ``effect`` when it is not ``"readout"``, ``scope`` when it is not ``"position"``
+        and ``grad_drop`` when True.
     """
     granularity, effect = attribution.granularity, attribution.effect
     return {"method": attribution.method, "n_steps": attribution.n_steps,
@@ -86,7 +88,9 @@ def fingerprint_settings(attribution: AttributionSettings, report: ReportSetting
             "onset_rule": report.onset_rule, "top_k": report.top_k, "stride": stride,
             **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity}),
             **({} if effect == DEFAULT_EFFECT else {"effect": effect}),
-            **({} if lens == DEFAULT_LENS else {"lens": lens})}
+            **({} if lens == DEFAULT_LENS else {"lens": lens}),
+            **{key: getattr(attribution, key) for key in ("scope", "grad_drop")
+               if getattr(attribution, key) != OPTIONAL_KEYS[key]}}
 
 
 def record_fields(record: Any) -> dict[str, Optional[Any]]:

@@ -11,6 +11,7 @@ from torch import nn
 
 from captum_iglens._core.entry import Forward, attribute
 from captum_iglens._core.inputs import check_token_ids
+from captum_iglens._core.total_effect import check_gate_options
 from captum_iglens._utils.typing import BaselineSpec, LayerSpec
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import display_name, strip_parallel
@@ -194,6 +195,8 @@ def explain(
     method: Optional[str] = None,
     n_steps: Optional[int] = None,
     internal_batch_size: Optional[int] = None,
+    scope: Optional[str] = None,
+    grad_drop: Optional[bool] = None,
     settings: Optional[AttributionSettings] = None,
 ) -> Union[IGLensResult, list[IGLensResult]]:
     """Answer ``prompt`` greedily and attribute every answer token with IG-Lens.
@@ -257,6 +260,12 @@ def explain(
         method (str, optional): Keyword-only: the estimator. Default: ``"prediction_aware"``.
         n_steps (int, optional): Keyword-only: its steps per segment. Default: 50.
         internal_batch_size (int, optional): Keyword-only: readout rows per chunk.
+        scope (str, optional): Keyword-only, with ``effect="total"`` or ``"atp"``:
+            ``"position"`` (default: the gates act at the token's position) or
+            ``"sequence"`` (at every position up to it; block granularity; about ``i + 1``
+            times the cost). See :class:`~captum_iglens.settings.AttributionSettings`.
+        grad_drop (bool, optional): Keyword-only, with ``effect="atp"``: AtP*'s GradDrop
+            (``method`` recorded as ``"atp*"``). Default: False.
         settings (AttributionSettings, optional): Keyword-only: all of them in one object
             (:class:`~captum_iglens.settings.AttributionSettings`); each argument above
             given (``units`` to ``effect`` included) replaces its field.
@@ -270,7 +279,9 @@ def explain(
         ValueError: empty prompt or target, no prompts, the model generated no token, or
             the prompt plus ``max_new_tokens`` (or the target) beyond the model's context
             (the same rule as ``iglens run``:
-            :func:`~captum_iglens.lens.context.check_context`).
+            :func:`~captum_iglens.lens.context.check_context`); a ``scope`` or
+            ``grad_drop`` the lens refuses
+            (:func:`~captum_iglens._core.total_effect.check_gate_options`).
 
     Examples::
 
@@ -284,8 +295,9 @@ def explain(
     chosen = (settings or AttributionSettings()).updated(
         baselines=baselines, method=method, n_steps=n_steps,
         internal_batch_size=internal_batch_size, units=units, granularity=granularity,
-        heads=heads, effect=effect)
+        heads=heads, effect=effect, scope=scope, grad_drop=grad_drop)
     lens = IGLens(model, layers=layers, lens=layer_readout, **chosen.lens_options())
+    check_gate_options(lens.spec, chosen.scope, chosen.grad_drop)  # before generating
     report = ReportSettings(onset_frac, onset_rule, top_k)
     generation = GenerationSettings(max_new_tokens, chat_template, template_kwargs)
 
