@@ -258,7 +258,7 @@ class IGLens(GradientAttribution):
               ``[B, P, k]``; in the units of ``F`` (probability by default); float32
               (float64 for a float64 model).
             - **delta** (*Tensor*): ``attributions.sum(-1) - delta_p``, ``[B]`` or ``[B, P]``
-              (the same as :meth:`compute_convergence_delta`).
+              (a per-layer ``lens``: plus the lens terms, ``attribute_details().lens_change``).
 
         Raises:
             ValueError: empty inputs, token, target or contrast ids outside the vocabulary,
@@ -282,8 +282,8 @@ class IGLens(GradientAttribution):
             >>> attr = lens.attribute(ids, ref, target)    # adds up to F(x) - F(x')
             >>> attr = lens.attribute(ids, target=paris, contrast=lyon)  # p(Paris) - p(Lyon)
         """
-        chosen = call_settings(settings, baselines=baselines, n_steps=n_steps, method=method,
-                               internal_batch_size=internal_batch_size)
+        chosen = call_settings(settings, self.spec, baselines=baselines, n_steps=n_steps,
+                               method=method, internal_batch_size=internal_batch_size)
         source = Forward(inputs, target, positions, additional_forward_args, contrast)
         out, single = attribute(self.spec, source, settings=chosen)
         attributions, delta = out.attributions, out.convergence_delta
@@ -327,8 +327,8 @@ class IGLens(GradientAttribution):
                 ``[B, P]`` or all False; and as :meth:`attribute`.
             TypeError: ``explained`` not a bool tensor.
         """
-        chosen = call_settings(settings, baselines=baselines, n_steps=n_steps, method=method,
-                               internal_batch_size=internal_batch_size)
+        chosen = call_settings(settings, self.spec, baselines=baselines, n_steps=n_steps,
+                               method=method, internal_batch_size=internal_batch_size)
         source = Forward(inputs, target, positions, additional_forward_args, contrast,
                          explained)
         return attribute(self.spec, source, settings=chosen, top_k=top_k)[0]

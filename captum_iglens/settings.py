@@ -221,6 +221,25 @@ class AttributionSettings:
     scope: str = DEFAULT_SCOPE
     grad_drop: bool = False
 
+    def __post_init__(self) -> None:
+        """Refuse a value outside its field's choices (``method`` is the registry's to check).
+
+        Raises:
+            ValueError: ``units``, ``granularity``, ``effect`` or ``scope`` not one of its
+                choices (:data:`UNITS`, :data:`GRANULARITIES`, :data:`EFFECTS`,
+                :data:`SCOPES`).
+            TypeError: ``heads`` or ``grad_drop`` not a bool.
+        """
+        for name, choices in (("units", UNITS), ("granularity", GRANULARITIES),
+                              ("effect", EFFECTS), ("scope", SCOPES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"AttributionSettings({name}={getattr(self, name)!r}): use one "
+                                 f"of {choices}.")
+        for name in ("heads", "grad_drop"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"AttributionSettings({name}=...) must be True or False, got "
+                                f"{getattr(self, name)!r}.")
+
     def updated(self, **given: Any) -> AttributionSettings:
         """These settings with each keyword that is not ``None`` in place of its field.
 
@@ -278,17 +297,33 @@ class GenerationSettings:
     template_kwargs: Optional[dict[str, Any]] = field(default=None, hash=False)
 
 
-def call_settings(settings: Optional[AttributionSettings], **given: Any) -> AttributionSettings:
+def call_settings(settings: Optional[AttributionSettings], lens: Any = None,
+                  **given: Any) -> AttributionSettings:
     """The settings of a Captum-style call: ``settings``, or its keyword arguments.
 
     ``IGLens.attribute`` keeps Captum's positional arguments (``baselines``, ``n_steps``,
     ``method``, ``internal_batch_size``) with their defaults; ``settings=`` gives them in
     one object instead. Both at once would leave one of them unread, so it is refused.
+    ``lens`` (the lens's spec: ``units``, ``granularity``, ``effect``, ``heads``) decides
+    those four; a ``settings`` that sets one of them away from its default to another value
+    than the lens's is refused rather than silently ignored.
 
     Raises:
-        ValueError: ``settings`` together with any of ``given`` away from its default.
+        ValueError: ``settings`` together with any of ``given`` away from its default, or
+            a lens field of ``settings`` that contradicts ``lens``.
     """
-    return _one_of(settings, AttributionSettings, "settings", given)
+    chosen = _one_of(settings, AttributionSettings, "settings", given)
+    if settings is None or lens is None:
+        return chosen
+    default = AttributionSettings().lens_options()
+    clash = {k: v for k, v in settings.lens_options().items()
+             if v != default[k] and v != getattr(lens, k)}
+    if clash:
+        built = {k: getattr(lens, k) for k in clash}
+        raise ValueError(f"settings has {clash}, but this IGLens was built with {built}: these "
+                         "fields choose the lens. Build IGLens(model, ...) with them, or use "
+                         "explain(..., settings=...), which builds its lens from them.")
+    return chosen
 
 
 def report_settings(report: Optional[ReportSettings], **given: Any) -> ReportSettings:

@@ -24,7 +24,7 @@ from typing import Union
 from torch import Tensor
 
 from captum_iglens._core.capture import paths_from_states, recorded_layers
-from captum_iglens._core.estimators import grid_probs
+from captum_iglens._core.estimators import grid_probs, warn_if_not_converged
 from captum_iglens._core.inputs import check_top_k, single_position
 from captum_iglens._core.pipeline import (
     capture_lens_path,
@@ -40,7 +40,12 @@ from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.lens.changes import check_unchanged
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.results import IGLensOutput
-from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_METHOD, AttributionSettings
+from captum_iglens.settings import (
+    CAPTUM_METHODS,
+    DEFAULT_EFFECT,
+    DEFAULT_METHOD,
+    AttributionSettings,
+)
 
 __all__ = ["Forward", "Recorded", "Source", "attribute", "check_estimator", "delta_of",
            "grid_profile", "layers_to_record"]
@@ -94,11 +99,20 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
     if isinstance(source, Recorded):
         return _recorded(spec, source, settings, top_k), False
     if spec.effect != DEFAULT_EFFECT:
-        return run_total(spec, source.inputs, settings.baselines, source.target,
-                         source.additional_forward_args, n_steps, method,
-                         settings.internal_batch_size, source.positions, top_k,
-                         source.contrast, source.explained, settings.scope,
-                         settings.grad_drop)
+        if spec.effect == "total" and method not in (DEFAULT_METHOD, *CAPTUM_METHODS):
+            raise ValueError(
+                f"method={method!r} is a readout estimator: the total effect's gates are "
+                f"integrated by the exact step split ({DEFAULT_METHOD!r}) or by one of "
+                f"Captum's rules {CAPTUM_METHODS}.")
+        out, single = run_total(spec, source.inputs, settings.baselines, source.target,
+                                source.additional_forward_args, n_steps, method,
+                                settings.internal_batch_size, source.positions, top_k,
+                                source.contrast, source.explained, settings.scope,
+                                settings.grad_drop)
+        if spec.effect == "total":  # a gradient rule's discretisation error, as for readouts
+            done = ~out.p_final.isnan()
+            warn_if_not_converged(out.attributions[done], out.delta_p[done], method, n_steps)
+        return out, single
     if spec.granularity == "sublayer":
         return sublayer_output(spec, source, settings=settings, top_k=top_k)
     # the capture is handed over, not kept: its [B, P, V] distribution is freed after the check

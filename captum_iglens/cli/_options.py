@@ -168,6 +168,13 @@ def _check_effect(args: argparse.Namespace) -> None:
             raise UsageError(f"--scope {scope} places the gates of --effect total or atp; "
                              "readout credits have none: add --effect total or atp")
         return
+    from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_METHOD
+
+    method = getattr(args, "method", DEFAULT_METHOD)
+    if effect == "total" and method not in (DEFAULT_METHOD, *CAPTUM_METHODS):
+        raise UsageError(f"--method {method} is a readout estimator: --effect total takes "
+                         f"{DEFAULT_METHOD} (the exact step split) or one of "
+                         f"{', '.join(CAPTUM_METHODS)}")
     granularity = getattr(args, "granularity", DEFAULT_GRANULARITY)
     if scope != DEFAULT_SCOPE and granularity != DEFAULT_GRANULARITY:
         raise UsageError(f"--scope {scope} gates whole blocks: sub-layer and head gates are "

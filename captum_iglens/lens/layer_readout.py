@@ -19,7 +19,7 @@ residual; the baseline is read at layer 0): block terms plus lens terms add up t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Optional, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -79,13 +79,25 @@ class _AtLayer:
 
     lens: LayerReadout
     layer: int
+    vocab: Optional[int] = None
 
     def __call__(self, hidden: Tensor) -> Tensor:
-        return self.lens(hidden, self.layer)
+        logits = self.lens(hidden, self.layer)
+        shaped = isinstance(logits, Tensor) and logits.shape[:-1] == hidden.shape[:-1]
+        if not shaped or (self.vocab is not None and logits.shape[-1] != self.vocab):
+            got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise TypeError(f"lens(hidden, {self.layer}) must return logits shaped "
+                            f"{tuple(hidden.shape[:-1])} + [{self.vocab or 'V'}] (the "
+                            f"vocabulary), got {got}.")
+        return logits
 
 
-def at_layer(lens: LayerReadout, layer: int) -> Readout:
-    """``hidden -> lens(hidden, layer)``: the readout of one layer, for the estimators."""
+def at_layer(lens: LayerReadout, layer: int, vocab: Optional[int] = None) -> Readout:
+    """``hidden -> lens(hidden, layer)``: the readout of one layer, for the estimators.
+
+    A per-layer readout's logits are checked: ``hidden``'s leading shape and ``vocab``
+    entries (``TypeError`` otherwise, never a softmax over something else).
+    """
     if isinstance(lens, LogitLens):
         return lens.readout
-    return _AtLayer(lens, int(layer))
+    return _AtLayer(lens, int(layer), vocab)

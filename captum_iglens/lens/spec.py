@@ -101,7 +101,7 @@ class LensSpec:
         """
         if layer == self.num_layers or not self.per_layer:
             return self.readout
-        return at_layer(self.lens, layer)
+        return at_layer(self.lens, layer, self.vocab_size)
 
     @classmethod
     def from_model(
@@ -144,6 +144,7 @@ class LensSpec:
             lens = _named_lens(model, lens)
         if lens is not None:
             _check_lens(lens, granularity, effect)
+            _check_lens_digest(lens, model)
         model = strip_parallel(model)
         blocks = decoder_blocks if decoder_blocks is not None else resolve_decoder_blocks(model)
         located = readout is None
@@ -236,6 +237,26 @@ def _check_lens(lens: object, granularity: str, effect: str) -> None:
     if is_per_layer(lens) and (granularity != "block" or effect != DEFAULT_EFFECT):
         raise ValueError("A per-layer readout (lens=...) reads block nodes h_L: use "
                          "granularity='block' and effect='readout' with it.")
+
+
+def _check_lens_digest(lens: object, model: nn.Module) -> None:
+    """Refuse a fitted lens (one that carries a weights digest) of another model.
+
+    Raises:
+        LensDigestError: ``lens.digest`` is not ``model``'s weights digest.
+    """
+    digest = getattr(lens, "digest", "")
+    if not digest:
+        return
+    from captum_iglens.lens.translators import LensDigestError
+    from captum_iglens.lens.weights import weights_digest
+
+    mine = weights_digest(model)
+    if digest != mine:
+        raise LensDigestError(
+            f"This lens was fitted on the model with weights digest {digest}, not on this one "
+            f"({mine}): its translators and readout belong to that model. Fit one for this "
+            "model (iglens fit-lens) or load the right model.")
 
 
 def check_granularity(granularity: object, heads: object) -> None:

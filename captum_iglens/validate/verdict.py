@@ -91,7 +91,7 @@ STATISTICS: tuple[Statistic, ...] = (
               "onset_gain", null="chance", mean="onset_gain_mean"),
     Statistic("H3", "onset gain - last layer's", "paired", "last layer", "onset_gain",
               mean="onset_gain_mean"),
-    Statistic("rep.", "rho_tok(credit) vs chance 0", "summary", "IG-Lens credit",
+    Statistic("rep", "rho_tok(credit) vs chance 0", "summary", "IG-Lens credit",
               "spearman_token", decided=False),
 )
 
@@ -204,9 +204,9 @@ def format_verdict(rows: Sequence[Mapping[str, Any]], model: str) -> list[str]:
     two statistics are decided together: both lines say the same); a statistic that is
     reported, not decided, says ``reported only``.
     """
-    lines = [f"Verdict on {model} (supported iff every CI of the hypothesis lies above its "
-             "null: 0 or chance)",
-             f"{'intervention':<26}{'hyp':<5}{'statistic':<32}{'median [95% CI]':<21}"
+    lines = [f"Verdict on {model}",
+             "(supported iff every CI of the hypothesis lies above its null: 0 or chance)",
+             f"{'intervention':<26}{'hyp':<4}{'statistic':<30}{'median [95% CI]':<20}"
              "decision"]
     for j, row in enumerate(rows):
         decision = "reported only"
@@ -216,7 +216,7 @@ def format_verdict(rows: Sequence[Mapping[str, Any]], model: str) -> list[str]:
         if row.get("mean_instead"):
             decision += " (mean)"
         first_of_view = j == 0 or rows[j - 1]["view"] != row["view"]
-        lines.append(f"{row['view'] if first_of_view else '':<26}{row['hypothesis']:<5}"
-                     f"{row['statistic']:<32}"
-                     f"{_ci(row['value'], row['low'], row['high']):<21}{decision}")
+        lines.append(f"{row['view'] if first_of_view else '':<26}{row['hypothesis']:<4}"
+                     f"{row['statistic']:<30}"
+                     f"{_ci(row['value'], row['low'], row['high']):<20}{decision}")
     return lines

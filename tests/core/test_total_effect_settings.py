@@ -106,7 +106,7 @@ def test_explain_grad_drop() -> None:
      "scope='position'"),
     ({"effect": "total", "granularity": "sublayer"}, {"scope": "sequence", "baselines": "zero"},
      "sub-layer and head gates are position-scope only"),
-    ({"effect": "total"}, {"scope": "layer", "baselines": "zero"}, "scope must be one of"),
+    ({"effect": "total"}, {"scope": "layer", "baselines": "zero"}, "scope='layer'"),
 ])
 def test_refusals(lens_kwargs, settings, message) -> None:
     model = make_family("llama", seed=1).eval()
