@@ -339,6 +339,9 @@ def _one_of(chosen: Any, kind: type, name: str, given: dict[str, Any]) -> Any:
     """``chosen`` when given (then every keyword must be at its default), else ``kind(**given)``."""
     if chosen is None:
         return kind(**given)
+    if not isinstance(chosen, kind):
+        raise TypeError(f"{name}= takes an object of {kind.__name__} (captum_iglens.settings), got "
+                        f"{type(chosen).__name__}: build it with {kind.__name__}(...).")
     defaults = kind()
     moved = [key for key, value in given.items()
              if not (isinstance(value, (str, int, float, type(None)))

@@ -84,3 +84,8 @@ def test_the_total_effect_warns_when_a_gradient_rule_has_not_converged(lm) -> No
     from captum_iglens._core.estimators import CONVERGENCE_WARNING
 
     assert bool(said) == (gap > CONVERGENCE_WARNING)
+
+
+def test_settings_of_another_type_are_refused(lm) -> None:
+    with pytest.raises(TypeError, match="takes an object of AttributionSettings"):
+        IGLens(lm).attribute(_ids(), settings={"n_steps": 8})
