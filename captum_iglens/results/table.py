@@ -116,10 +116,23 @@ def _legend(result: ResultView) -> list[str]:
         return _contrast_legend(result) + _emb_legend(result) + _argmax_legend(result)
     unit = readout_words(result.units, False)
     lens, total, p = _row_names(result)
-    text = (f"IG: the layer's IG-Lens credit ({unit}); {lens}: logit-lens readout f(h_L) of the "
+    credit, start, adds = (f"the layer's IG-Lens credit ({unit})", "the readout at the baseline",
+                           "what the credits add up to")
+    if result.effect == "total":
+        credit = (f"the block's total-effect credit ({unit}), its exact share of {total}")
+        start, adds = "F(0), every chosen update at the token at its reference", adds
+    elif result.effect == "atp":
+        credit = (f"the block's AtP estimate ({unit}) of the drop when its update alone goes to "
+                  "its reference (first-order, not additive)")
+        start, adds = ("F(0), every chosen update at the token at its reference",
+                       "which the estimates need not add up to")
+    readout = "logit-lens readout f(h_L)"
+    if getattr(result, "lens_change", None) is not None:
+        readout = "the per-layer lens's readout g_L(h_L)"
+        adds = "what the credits and the lens terms (lens_change, not shown) add up to"
+    text = (f"IG: {credit}; {lens}: {readout} of the "
             f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum; "
-            f"{total}: {p} minus the readout at the baseline ({unit}), what the credits add up "
-            f"to; {p}: the "
+            f"{total}: {p} minus {start} ({unit}), {adds}; {p}: the "
             f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
             f"onset: {_onset_rule(result, total)} ({result.onset_rule} rule).")
     return textwrap.wrap(text, 100) + _emb_legend(result) + _argmax_legend(result)

@@ -89,3 +89,29 @@ def test_the_total_effect_warns_when_a_gradient_rule_has_not_converged(lm) -> No
 def test_settings_of_another_type_are_refused(lm) -> None:
     with pytest.raises(TypeError, match="takes an object of AttributionSettings"):
         IGLens(lm).attribute(_ids(), settings={"n_steps": 8})
+
+
+@pytest.mark.parametrize("effect, words", [("readout", "IG-Lens credit"),
+                                           ("total", "total-effect credit"),
+                                           ("atp", "not additive")])
+def test_the_table_legend_names_what_a_credit_measures(effect, words) -> None:
+    from captum_iglens import explain
+
+    model, tokenizer = tiny_causal_lm("llama", n_layers=3)
+    result = explain(model, tokenizer, "w1 w2 w3 w4", max_new_tokens=2, chat_template=False,
+                     effect=effect, baselines="zero")
+    legend = " ".join(result.format_table().split())
+    assert words in legend
+    assert ("readout at the baseline" in legend) == (effect == "readout")
+
+
+def test_the_table_legend_names_a_per_layer_lens() -> None:
+    from captum_iglens import explain
+    from captum_iglens.lens.translators import TunedLens
+
+    model, tokenizer = tiny_causal_lm("llama", n_layers=3)
+    plain = explain(model, tokenizer, "w1 w2 w3 w4", max_new_tokens=2, chat_template=False)
+    tuned = explain(model, tokenizer, "w1 w2 w3 w4", max_new_tokens=2, chat_template=False,
+                    layer_readout=TunedLens.for_model(model))
+    assert "per-layer lens" in " ".join(tuned.format_table().split())
+    assert "per-layer lens" not in " ".join(plain.format_table().split())
