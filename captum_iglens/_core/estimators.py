@@ -20,7 +20,7 @@ Adding an estimator is one function and one :func:`register_estimator` call (its
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
@@ -33,7 +33,6 @@ from captum_iglens._utils.captum_compat import (
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens._utils.typing import Readout
 from captum_iglens.lens.distribution import wide_log_softmax
-from captum_iglens.lens.layer_readout import is_per_layer
 from captum_iglens.lens.readout import (
     ReadoutMismatchError,
     lens_values,
@@ -46,7 +45,7 @@ from captum_iglens.settings import METHODS as SETTINGS_METHODS
 from captum_iglens.settings import UNITS as SETTINGS_UNITS
 
 if TYPE_CHECKING:
-    from captum_iglens.lens.spec import LensSpec
+    pass
 
 __all__ = [
     "CONVERGENCE_WARNING",
@@ -55,7 +54,6 @@ __all__ = [
     "EstimatorRow",
     "METHODS",
     "UNITS",
-    "estimate_with_lens",
     "is_exact",
     "register_estimator",
     "PathNodes",
@@ -366,58 +364,6 @@ def register_estimator(name: str, estimate: Estimator, *, exact: bool, min_steps
     if cost not in COST_CLASSES:
         raise ValueError(f"cost={cost!r}: use one of {COST_CLASSES}.")
     ESTIMATORS[name] = EstimatorRow(estimate, exact=exact, min_steps=int(min_steps), cost=cost)
-
-
-def estimate_with_lens(spec: LensSpec, path: PathNodes, probs: Tensor, method: str,
-                       n_steps: int, chunk: int) -> tuple[Tensor, Optional[Tensor], Tensor]:
-    """The credits of ``method`` through ``spec``'s readout seam, and the lens terms.
-
-    With the logit lens (the default :class:`~captum_iglens.lens.layer_readout.LogitLens`)
-    this is the estimator's row called once, unchanged: ``(credits, None, probs)``. With a
-    per-layer readout ``g_L`` (``spec.lens``; the baseline is read at layer 0, node ``j`` at
-    its hidden-state index ``L_j``, and ``g_n`` is the model's own readout) segment ``j`` is
-    estimated through one readout, ``g_{L_j}``, from ``g_{L_j}(h_{L_{j-1}})`` to
-    ``g_{L_j}(h_{L_j})`` (the block term), and the change of readout at its start,
-    ``g_{L_j}(h_{L_{j-1}}) - g_{L_{j-1}}(h_{L_{j-1}})``, is its lens term: block terms plus
-    lens terms add up to ``f(h_n) - g_0(b)`` (exactly for the exact estimator, up to the
-    float32 rounding of each term). Any registered estimator works segment by segment.
-
-    Args:
-        spec (LensSpec): The lens (``spec.lens``, ``spec.layer_indices``; block nodes).
-        path (PathNodes): ``[B, P, k + 1, d]`` nodes.
-        probs (Tensor): ``[B, P, k + 1]`` ``f`` at every node through the model's readout
-            (:func:`read_nodes`; its last entry is the checked ``f(h_n)``).
-        method (str): A key of :data:`ESTIMATORS`.
-        n_steps (int): Its steps per segment.
-        chunk (int): Readout rows per chunk.
-
-    Returns:
-        (credits, lens_change, values): ``[B, P, k]`` block terms; ``[B, P, k]`` lens terms
-        (``None`` for the logit lens); ``[B, P, k + 1]`` each node read at its own layer
-        (``g_0(b)``, ``g_{L_j}(h_{L_j})``, ``f(h_n)``; ``probs`` for the logit lens).
-    """
-    row = ESTIMATORS[method]
-    if not is_per_layer(spec.lens):
-        return row.estimate(spec.readout, path, probs, method, n_steps, chunk), None, probs
-    batch, n_pos, n_nodes, d = path.nodes.shape
-    layers = (0, *spec.layer_indices)
-    ids = path.row_ids((batch, n_pos))
-
-    def read(node: int, layer: int) -> Tensor:
-        points = path.nodes[:, :, node].reshape(-1, d)
-        return readout_probs(spec.readout_at(layer), points, ids, chunk, path.log).view(
-            batch, n_pos)
-
-    own = [read(j, layers[j]) for j in range(n_nodes - 1)] + [probs[..., -1]]
-    credits, changes = [], []
-    for j in range(1, n_nodes):
-        start = own[j - 1] if layers[j] == layers[j - 1] else read(j - 1, layers[j])
-        segment = replace(path, nodes=path.nodes[:, :, j - 1:j + 1])
-        credits.append(row.estimate(spec.readout_at(layers[j]), segment,
-                                    torch.stack([start, own[j]], dim=-1), method, n_steps,
-                                    chunk))
-        changes.append((start.double() - own[j - 1].double()).to(probs.dtype))
-    return torch.cat(credits, dim=-1), torch.stack(changes, dim=-1), torch.stack(own, dim=-1)
 
 
 def is_exact(method: str) -> bool:

@@ -18,10 +18,10 @@ from captum_iglens._core.capture import PathCapture, capture_path
 from captum_iglens._core.estimators import (
     ESTIMATORS,
     PathNodes,
-    estimate_with_lens,
     read_nodes,
     warn_if_not_converged,
 )
+from captum_iglens._core.lens_terms import estimate_with_lens
 from captum_iglens._core.request import PathRequest
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec, is_int
 from captum_iglens.lens.readout import chunk_rows, readout_top_k

@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     from captum_iglens._utils.progress import progress_enabled
+    from captum_iglens.validate.benchmark import cost as bench_cost
     from captum_iglens.validate.benchmark import runner
+    from captum_iglens.validate.benchmark import tables as bench_tables
     from captum_iglens.validate.benchmark.families import family_runs_task
     from captum_iglens.validate.benchmark.tasks import task_pairs
 
@@ -150,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         name = Path(task).stem if task in args.task_files else task
         pairs = args.task_files.get(task) or task_pairs(task)
         if args.cost:
-            print(json.dumps({"family": family, "task": name, **runner.cell_cost(
+            print(json.dumps({"family": family, "task": name, **bench_cost.cell_cost(
                 model, tokenizer, pairs, args.pairs, args.captum_steps)}))
             continue
         fingerprint = runner.cell_fingerprint(model, family, name, pairs, settings)
@@ -167,11 +169,11 @@ def run(args: argparse.Namespace) -> int:
         cells.append(cell)
     if args.cost:
         return 0
-    tables = runner.markdown_tables(cells)
+    tables = bench_tables.markdown_tables(cells)
     (out / "benchmark.json").write_text(json.dumps({"cells": cells}, indent=1),
                                         encoding="utf-8")
     (out / "benchmark.md").write_text("\n\n".join(tables.values()) + "\n", encoding="utf-8")
-    runner.figure(cells, out / "benchmark.png")
+    bench_tables.figure(cells, out / "benchmark.png")
     print(tables["patch"])
     print(tables["hypotheses"])
     print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'} and "

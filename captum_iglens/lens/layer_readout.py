@@ -13,7 +13,7 @@ telescopes into a block term per segment, ``g_{L_j}(h_{L_j}) - g_{L_j}(h_{L_{j-1
 the estimators credit: the segment read through one readout), and a lens term per segment,
 ``g_{L_j}(h_{L_{j-1}}) - g_{L_{j-1}}(h_{L_{j-1}})`` (the change of readout at a fixed
 residual; the baseline is read at layer 0): block terms plus lens terms add up to
-``f(h_n) - g_0(b)`` (:func:`~captum_iglens._core.estimators.estimate_with_lens`).
+``f(h_n) - g_0(b)`` (:func:`~captum_iglens._core.lens_terms.estimate_with_lens`).
 """
 
 from __future__ import annotations

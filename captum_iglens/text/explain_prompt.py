@@ -252,23 +252,20 @@ def explain(
             first-order estimates, not a decomposition); see :class:`~captum_iglens.IGLens`.
             A total-effect answer is generated first and then explained with one
             teacher-forced forward.
-        layer_readout (str or LayerReadout, optional): The per-layer readout, ``lens`` of
-            :class:`~captum_iglens.IGLens` (``"logit"``, ``"tuned"``, ``"jacobian"`` or an
-            object). Default: None (the logit lens).
+        layer_readout (str or LayerReadout, optional): ``lens`` of :class:`~captum_iglens.IGLens`
+            (``"logit"``, ``"tuned"``, ``"jacobian"`` or an object). Default: the logit lens.
         baselines (str or Tensor, optional): Keyword-only, as for
             :meth:`~captum_iglens.IGLens.attribute`. Default: ``"mean"``.
         method (str, optional): Keyword-only: the estimator. Default: ``"prediction_aware"``.
         n_steps (int, optional): Keyword-only: its steps per segment. Default: 50.
         internal_batch_size (int, optional): Keyword-only: readout rows per chunk.
         scope (str, optional): Keyword-only, with ``effect="total"`` or ``"atp"``:
-            ``"position"`` (default: the gates act at the token's position) or
-            ``"sequence"`` (at every position up to it; block granularity; about ``i + 1``
-            times the cost). See :class:`~captum_iglens.settings.AttributionSettings`.
+            ``"position"`` (default: gates at the token's position) or ``"sequence"`` (every
+            position up to it; see :class:`~captum_iglens.settings.AttributionSettings`).
         grad_drop (bool, optional): Keyword-only, with ``effect="atp"``: AtP*'s GradDrop
             (``method`` recorded as ``"atp*"``). Default: False.
-        settings (AttributionSettings, optional): Keyword-only: all of them in one object
-            (:class:`~captum_iglens.settings.AttributionSettings`); each argument above
-            given (``units`` to ``effect`` included) replaces its field.
+        settings (AttributionSettings, optional): Keyword-only: all of them in one object;
+            each argument above that is given (``units`` to ``effect`` too) replaces its field.
 
     Returns:
         IGLensResult (or a list of them, one per prompt, for several prompts).
@@ -287,8 +284,7 @@ def explain(
 
         >>> result = explain(model, tokenizer, "The capital of France is", target=" Paris")
         >>> result.token_ids, result.attributions.shape     # ids of " Paris", [T, k]
-        >>> results = explain(model, tokenizer, ["Name a prime.", "Name a colour."],
-        ...                   method="gausslegendre", n_steps=64)
+        >>> results = explain(model, tokenizer, ["A prime?", "A colour?"], method="gausslegendre")
     """
     check_prompt_type(prompt)
     model = strip_parallel(model)

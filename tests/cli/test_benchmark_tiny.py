@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from captum_iglens.cli import main
+from captum_iglens.validate.benchmark import cost as bench_cost
 from captum_iglens.validate.benchmark import runner
 from captum_iglens.validate.benchmark.decide import load_preregistration
 
@@ -98,9 +99,9 @@ def test_max_pairs_and_the_cost_model(tiny_folder, pairs_file, tmp_path, capsys)
     assert main(argv) == 0
     cost = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert cost["counts"]["used"] == 5
-    expected = runner.cost_model(3, 5, cost["seq_len"], 3)
+    expected = bench_cost.cost_model(3, 5, cost["seq_len"], 3)
     assert cost["cached_rows"] == expected["cached_rows"] > 0
-    assert runner.cost_model(3, 10, 6, 3)["sequence_forwards"] == (
+    assert bench_cost.cost_model(3, 10, 6, 3)["sequence_forwards"] == (
         2 * expected["sequence_forwards"])
     assert not (tmp_path / "b" / "cells" / "tiny-llama__tiny_pairs.json").exists()
 
@@ -134,7 +135,7 @@ def test_the_cost_model_counts_the_cached_rows_exactly(tiny_folder, pairs_file, 
     # a random subset that holds no block is the clean row (1/8 of them at 3 blocks)
     empty = sum(int((~np.asarray(d["masks"]).any(-1)).sum())
                 for d in cell["measurements"]["subsets"].values())
-    assert sum(rows) == runner.cost_model(3, 6, 6, 3)["cached_rows"] - empty
+    assert sum(rows) == bench_cost.cost_model(3, 6, 6, 3)["cached_rows"] - empty
 
 
 def test_no_progress_silences_every_bar(tiny_folder, pairs_file, tmp_path, capsys):

@@ -18,26 +18,23 @@ clean prompt's answer at the last position, measured by :func:`measure_cell`:
 :func:`~captum_iglens.validate.benchmark.analysis.analyse` scores and decides them. Each
 (family, task) cell file carries a fingerprint (model name, weights digest, package and
 analysis-code version, settings, the pairs' hash); a rerun skips the cells whose file has
-the same fingerprint. :func:`cost_model` counts the forwards of a cell before it runs.
+the same fingerprint. :func:`~captum_iglens.validate.benchmark.cost.cost_model` counts
+the forwards of a cell before it runs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from captum_iglens.validate.benchmark.analysis import (
-    INTERVENTIONS,
     PATCHINGS,
-    PRIMARY_UNIT,
     analyse,
     derived_predictors,
-    predictor_names,
     random_scores,
 )
 from captum_iglens.validate.benchmark.decide import analysis_version, load_preregistration
@@ -50,9 +47,9 @@ from captum_iglens.validate.benchmark.measure import UNITS
 from captum_iglens.validate.benchmark.tasks import aligned, answered
 from captum_iglens.validate.pairs import PromptPair, couple_clusters
 
-__all__ = ["DONORS", "FAMILY_MODELS", "SUBSETS", "cell_cost", "cell_fingerprint", "cell_path",
-           "cost_model", "family_runs_task", "figure", "hypotheses_table", "load_cell",
-           "markdown_tables", "measure_cell", "required_families", "run_cell", "seeds_of",
+__all__ = ["DONORS", "FAMILY_MODELS", "SUBSETS", "cell_fingerprint", "cell_path",
+           "family_runs_task", "load_cell",
+           "measure_cell", "required_families", "run_cell", "seeds_of",
            "write_cell"]
 
 #: Donor prompts of resample ablation (pre-registered: 4).
@@ -361,152 +358,6 @@ def run_cell(model: Any, tokenizer: Any, family: str, task: str,
             "predictor_errors": data["predictor_errors"], **found, "measurements": data}
 
 
-def _fmt(s: Any) -> str:
-    if not isinstance(s, Mapping):
-        return str(s)
-    if not math.isfinite(s.get("mean", math.nan)):
-        return f"n/a ({s.get('n', 0)})"
-    if not math.isfinite(s.get("low", math.nan)):
-        return f"{s['mean']:+.2f} ({s['n']})"
-    return f"{s['mean']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}] ({s['n']})"
-
-
-def _table(title: str, names: Sequence[str], cells: Sequence[Mapping[str, Any]],
-           get: Any) -> str:
-    heads = [f"{c['family']} / {c['task']}" for c in cells]
-    lines = [f"| {title} | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(cells)]
-    for name in names:
-        lines.append(f"| {name} | " + " | ".join(_fmt(get(c, name)) for c in cells) + " |")
-    return "\n".join(lines)
-
-
-def markdown_tables(cells: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Predictors x (family, task), one table per intervention (Markdown).
-
-    Each entry is ``mean [95% CI] (n)``: per-token Spearman rho in the intervention's
-    primary unit on its decided view; the deletion (keep) table holds the
-    comprehensiveness (sufficiency) area; the magnitude table the infidelity.
-    """
-    prereg = load_preregistration()
-    names = predictor_names(prereg)
-    out = {}
-    for kind in INTERVENTIONS:
-        unit = PRIMARY_UNIT(prereg, kind)
-        out[kind] = _table(
-            f"{kind} ({unit}): mean per-token Spearman rho [95% CI] (n)", names, cells,
-            lambda c, name, k=kind, u=unit: c["scores"].get(k, {}).get(u, {}).get(
-                "decided", {}).get(name, "not measured"))
-    for kind, stat in (("deletion", "comprehensiveness"), ("keep", "sufficiency")):
-        unit = PRIMARY_UNIT(prereg, kind)
-        out[kind] = _table(f"{kind}: {stat} area ({unit}) [95% CI] (n)", names, cells,
-                           lambda c, name, s=stat, u=unit: c["curves"][s].get(name, {}).get(
-                               u, "not measured"))
-    out["magnitude"] = _table("magnitude: infidelity (probability^2) [95% CI] (n)", names,
-                              cells, lambda c, name: c["magnitude"].get(name, "not measured"))
-    out["hypotheses"] = hypotheses_table(cells)
-    return out
-
-
-def hypotheses_table(cells: Sequence[Mapping[str, Any]]) -> str:
-    """Hypotheses x (family, task): the verdict, the mean difference, its MDE and n."""
-    prereg = load_preregistration()
-    heads = [f"{c['family']} / {c['task']}" for c in cells]
-    lines = ["| hypothesis (verdict (mean; MDE; n)) | " + " | ".join(heads) + " |",
-             "| --- |" + " --- |" * len(cells)]
-    for h in prereg.hypotheses:
-        row = []
-        for cell in cells:
-            found = cell.get("hypotheses", {}).get(h["id"], {"verdict": "n/a"})
-            value, mde = found.get("value", math.nan), found.get("mde", math.nan)
-            text = found["verdict"]
-            if math.isfinite(value):
-                text += f" ({value:+.3g}; {mde:.2g}; {found.get('n_tokens', 0)})"
-            if found.get("unstable"):
-                text += " unstable"
-            row.append(text)
-        lines.append(f"| {h['id']} {h['statement']} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
-def figure(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Heat maps of the mean rho, predictors x (family, task), one panel per intervention.
-
-    Written with matplotlib's Agg backend to ``path`` (PNG); returns ``path``.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    prereg = load_preregistration()
-    names = predictor_names(prereg)
-    heads = [f"{c['family']}\n{c['task']}" for c in cells]
-    fig, axes = plt.subplots(1, len(INTERVENTIONS), figsize=(3.2 * len(INTERVENTIONS) + 3, 5),
-                             sharey=True, squeeze=False)
-    for ax, kind in zip(axes[0], INTERVENTIONS, strict=True):
-        unit = PRIMARY_UNIT(prereg, kind)
-        grid = np.full((len(names), len(cells)), np.nan)
-        for j, cell in enumerate(cells):
-            view = cell["scores"].get(kind, {}).get(unit, {}).get("decided", {})
-            for i, name in enumerate(names):
-                grid[i, j] = view.get(name, {}).get("mean", np.nan)
-        image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
-        ax.set_title(f"{kind}\n({unit})", fontsize=9)
-        ax.set_xticks(range(len(cells)), heads, fontsize=7, rotation=90)
-        ax.set_yticks(range(len(names)), names, fontsize=8)
-    fig.colorbar(image, ax=axes[0].tolist(), label="mean per-token Spearman rho")
-    path = Path(path)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def cost_model(n_blocks: int, n_pairs: int, seq_len: int, n_seeds: int = 3,
-               captum_steps: Optional[int] = None, donors: int = DONORS,
-               subsets: int = SUBSETS) -> dict[str, int]:
-    """Forwards one cell costs, by kind, before it runs (the benchmark's cost model).
-
-    Three kinds, per pair with ``n`` blocks, ``S`` seeds, ``D`` donors, ``M`` subsets:
-
-    * **cached rows**: single-token forwards over the clean KV cache, batched per call
-      (:meth:`~captum_iglens.validate.ablation.BlockAblation.run_plan`), counted exactly:
-      ablation ``1 + 2n + S (D n + M)``, :func:`~captum_iglens.validate.patching.patch_pair`
-      ``2 (n + 3)``, the three-unit patching rows ``2 (n + 1)``, the curves ``(11 + S)
-      (1 + 2n)`` (9 model predictors, last layer, the other prompts' profile, a random
-      ranking per seed; the empty ``k = 0`` deletion and ``k = n`` keep rows are the clean
-      row);
-    * **gated rows**: the total effect's single-position rows with a backward, per reference
-      group (3): position scope ``8 + 1``, AtP ``2``, AtP* ``2 + n`` (an estimate from
-      :mod:`captum_iglens._core.total_effect`'s docstring);
-    * **sequence forwards** of the whole prompt: traces and IG-Lens (``8``), the sequence
-      scope ``3 (8 + 1)`` (with a backward), and the Captum layer runs ``2 methods x 2
-      references x n x steps`` (each with a backward; the mean group reuses the zero
-      group's reference).
-
-    Returns:
-        dict: per kind and component for ``n_pairs`` pairs; ``cached_rows``,
-        ``gated_rows``, ``sequence_forwards`` the totals; ``seq_len`` as given.
-    """
-    from captum_iglens.validate.benchmark.predict import CAPTUM_STEPS, TOTAL_STEPS
-
-    n, s = int(n_blocks), int(n_seeds)
-    d = min(int(donors), max(int(n_pairs) - 1, 0))
-    steps = CAPTUM_STEPS if captum_steps is None else int(captum_steps)
-    cached = {"ablation": 1 + 2 * n + s * (d * n + subsets), "patch_pair": 2 * (n + 3),
-              "patching units": 2 * (n + 1), "curves": (11 + s) * (1 + 2 * n)}
-    gated = {"total effect and AtP": 3 * ((TOTAL_STEPS + 1) + 2 + (2 + n))}
-    seq = {"traces and IG-Lens": 8, "sequence scope": 3 * (TOTAL_STEPS + 1),
-           "Captum layer methods": 2 * 2 * n * steps}
-    out = {f"cached rows: {k}": v * n_pairs for k, v in cached.items()}
-    out.update({f"gated rows: {k}": v * n_pairs for k, v in gated.items()})
-    out.update({f"sequence forwards: {k}": v * n_pairs for k, v in seq.items()})
-    out["cached_rows"] = sum(cached.values()) * n_pairs
-    out["gated_rows"] = sum(gated.values()) * n_pairs
-    out["sequence_forwards"] = sum(seq.values()) * n_pairs
-    out["seq_len"] = int(seq_len)
-    return out
-
-
 def filtered_pairs(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
                    max_pairs: Optional[int]) -> tuple[list[PromptPair], dict[str, int]]:
     """The pairs a cell uses (aligned, answered, at most ``max_pairs``) and the counts."""
@@ -515,18 +366,6 @@ def filtered_pairs(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
     used = good[:max_pairs] if max_pairs is not None else good
     return used, {"given": len(pairs), "aligned": len(kept), "answered": len(good),
                   "used": len(used)}
-
-
-def cell_cost(model: Any, tokenizer: Any, pairs: Sequence[PromptPair],
-              max_pairs: Optional[int], captum_steps: Optional[int] = None) -> dict[str, Any]:
-    """:func:`cost_model` of one cell after filtering (``counts`` added)."""
-    from captum_iglens.validate.ablation import BlockAblation
-
-    used, counts = filtered_pairs(model, tokenizer, pairs, max_pairs)
-    seq = max((len(tokenizer(p.clean).input_ids) for p in used), default=0)
-    n_seeds = len(seeds_of(load_preregistration()))
-    return {"counts": counts, **cost_model(BlockAblation(model).num_layers, len(used), seq,
-                                           n_seeds, captum_steps)}
 
 
 def write_cell(path: Path, cell: Mapping[str, Any]) -> None:
