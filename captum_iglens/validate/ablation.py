@@ -283,9 +283,13 @@ class BlockAblation(AblationChecks):
             resample (Tensor, optional): ``[P, n, d]`` donor updates for ``resample``, or
                 ``[P, D, n, d]`` for ``D`` donors (the probabilities are averaged).
             p_final (Tensor, optional): ``[P]`` IG-Lens ``p_final``, also checked if given.
+                It must come from a teacher-forced forward over the whole sequence
+                (``explain(..., target=ids)``, :meth:`~captum_iglens.IGLens.attribute`), not
+                from a generation's recorded passes: their incremental KV cache rounds
+                differently, by more than the check's tolerance on some CPUs.
             last_credit (Tensor, optional): ``[P]`` IG-Lens credit of the last block (all
-                layers, default estimator); computed with :class:`~captum_iglens.IGLens` when
-                ``None`` and ``zero`` is among the kinds.
+                layers, default estimator), teacher-forced like ``p_final``; computed with
+                :class:`~captum_iglens.IGLens` when ``None`` and ``zero`` is among the kinds.
             spot_layer (int, optional): Block of the full-sequence spot check (at the last
                 position). Default: ``1 + max(positions) % n``, so that runs vary it.
 

@@ -69,8 +69,14 @@ def _explain_all(model: nn.Module, tokenizer: Any, prompts: Sequence[str], max_n
     items = []
     shown = progress and progress_enabled()  # --no-progress switches these off too
     for prompt in tqdm(prompts, desc="explain", unit="prompt", disable=not shown):
+        generated = explain_fn(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
+                               chat_template=True)
+        # The greedy answer explained again with one teacher-forced forward: the ablation's
+        # checks compare p_final and the last credit with forwards over the whole sequence,
+        # and generation's incremental KV cache is another computation (its rounding is not
+        # bounded by the checks' tolerance on every CPU).
         result = explain_fn(model, tokenizer, prompt, max_new_tokens=max_new_tokens,
-                            chat_template=True)
+                            chat_template=True, target=generated.token_ids)
         trace = ablation.trace(torch.tensor(result.input_ids))
         selected = [t for t, p in enumerate(result.p_final.tolist()) if p >= threshold]
         scores = {}
