@@ -88,8 +88,10 @@ def main() -> None:
     ablation = BlockAblation(model)
     start = time.perf_counter()
     with progress_bars(False):
-        results = [explain(model, tokenizer, p, max_new_tokens=VALIDATE_MAX_NEW_TOKENS)
-                   for p in prompts]
+        # teacher-forced, as the ablation's checks are (generation's KV cache rounds otherwise)
+        results = [explain(model, tokenizer, p, target=explain(
+            model, tokenizer, p, max_new_tokens=VALIDATE_MAX_NEW_TOKENS).token_ids)
+            for p in prompts]
         traces = [ablation.trace(torch.tensor(r.input_ids)) for r in results]
         preds: dict[str, list] = {}
         drops: dict[str, list] = {}
