@@ -263,3 +263,14 @@ def test_the_plots_draw_the_lens_terms_apart(model, tok, tuned) -> None:
         assert torch.equal(torch.tensor(shown.data), result.lens_change.float())  # exact: a copy
         legend = [t.get_text() for t in panels[0].get_legend().get_texts()]
         assert legend and "lens term" in legend[0]
+
+
+def test_a_fitted_lens_run_is_never_skipped_before_the_load() -> None:
+    """Which fitted lens is known only with the model: a rerun loads it and compares."""
+    from captum_iglens.run.resume import nothing_left, planned_entries
+
+    for lens, want in (("logit", True), ("tuned", False)):
+        planned = planned_entries(_settings(lens), "probability", [1, 2])
+        lines = [{"id": "a", "input_hash": "h", "run": {**planned, "source": "s",
+                                                        "digest": "d"}}]
+        assert nothing_left(lines, {"a": "h"}, planned, "s") is want, lens
