@@ -24,6 +24,7 @@ from captum_iglens._core.estimators import (
 from captum_iglens._core.lens_terms import estimate_with_lens
 from captum_iglens._core.request import PathRequest
 from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec, is_int
+from captum_iglens.lens.layer_readout import lens_identity
 from captum_iglens.lens.readout import chunk_rows, readout_top_k
 from captum_iglens.lens.readout_check import check_distribution_errors, check_readout
 from captum_iglens.lens.spec import LensSpec
@@ -175,6 +176,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, *, settings: AttributionS
         contrast=path.contrast,
         granularity=spec.granularity,
         lens_change=lens_change,
+        lens=None if lens_change is None else lens_identity(spec.lens),
         method=method,
         n_steps=int(n_steps),
     )

@@ -32,7 +32,13 @@ from captum_iglens._utils.progress import progress_bar
 from captum_iglens.lens.architectures import resolve_decoder_blocks
 from captum_iglens.lens.hooks import capture_residual_stream, held_hooks, hidden_of
 from captum_iglens.lens.state import input_device, model_state_preserved
-from captum_iglens.lens.translators import FittedLens, JacobianLens, TunedLens, load_lens
+from captum_iglens.lens.translators import (
+    FittedLens,
+    JacobianLens,
+    TunedLens,
+    load_lens,
+    settings_key,
+)
 from captum_iglens.lens.weights import weights_digest
 from captum_iglens.models.facts import cache_root
 from captum_iglens.settings import FIT_BATCH_TOKENS, FIT_LR, FIT_STEPS
@@ -44,11 +50,6 @@ __all__ = ["FIT_KINDS", "corpus_digest", "fit_jacobian_lens", "fit_tuned_lens", 
 FIT_KINDS = ("tuned", "jacobian")
 
 
-def _settings_key(settings: dict[str, Any]) -> str:
-    text = json.dumps(settings, sort_keys=True, default=str)
-    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
-
-
 def corpus_digest(ids: Tensor) -> str:
     """A hash of the fit corpus's token ids (part of the settings key)."""
     return hashlib.blake2b(ids.long().numpy().tobytes(), digest_size=8).hexdigest()
@@ -56,7 +57,7 @@ def corpus_digest(ids: Tensor) -> str:
 
 def lens_cache_path(digest: str, kind: str, settings: dict[str, Any]) -> Path:
     """``cache_root()/lenses/<weights digest>/<kind>-<settings hash>.pt``."""
-    return cache_root() / "lenses" / digest / f"{kind}-{_settings_key(settings)}.pt"
+    return cache_root() / "lenses" / digest / f"{kind}-{settings_key(settings)}.pt"
 
 
 def named_lens(model: nn.Module, kind: str) -> FittedLens:
@@ -283,4 +284,5 @@ def load_tuned_lens_folder(folder: Union[str, Path], model: nn.Module) -> TunedL
     except RuntimeError as err:
         raise ValueError(f"The tuned-lens folder {folder} does not match this model's "
                          f"layout: {err}") from err
+    lens.source = str(folder)
     return lens.requires_grad_(False)

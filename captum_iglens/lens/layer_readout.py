@@ -19,13 +19,14 @@ residual; the baseline is read at layer 0): block terms plus lens terms add up t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, runtime_checkable
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from captum_iglens._utils.typing import Readout
 
-__all__ = ["LayerReadout", "LogitLens", "at_layer", "is_per_layer", "lens_name"]
+__all__ = ["LayerReadout", "LogitLens", "at_layer", "is_per_layer", "lens_identity", "lens_key",
+           "lens_name"]
 
 
 @runtime_checkable
@@ -71,6 +72,40 @@ def lens_name(lens: object) -> str:
     if isinstance(lens, LogitLens) or lens is None:
         return "logit"
     return str(getattr(lens, "kind", "") or type(lens).__name__)
+
+
+def lens_identity(lens: object) -> Optional[dict[str, Any]]:
+    """Which per-layer readout ``lens`` is, for JSON (``"lens"``) and a run's fingerprint.
+
+    Returns:
+        dict or None: None for the logit lens (results stay as they were); a fitted lens's
+        :meth:`~captum_iglens.lens.translators.FittedLens.identity` (``kind`` ``"tuned"``
+        or ``"jacobian"``, ``digest`` of its tensors, ``model_digest``, ``settings_key``,
+        ``source``); for any other readout ``{"kind": "custom", "name": <class name>}``,
+        plus what its own ``identity()`` returns, if it has one (a custom readout without
+        one cannot be told from another of its class).
+    """
+    if isinstance(lens, LogitLens) or lens is None:
+        return None
+    own = getattr(lens, "identity", None)
+    found = dict(own()) if callable(own) else {}
+    if found.get("kind") in ("tuned", "jacobian"):
+        return found
+    return {"kind": "custom", "name": type(lens).__name__, **found}
+
+
+def lens_key(lens: object) -> Optional[str]:
+    """What tells two readouts of one kind apart in a fingerprint (None: the logit lens).
+
+    A fitted lens's tensor ``digest``; a custom readout's class name and its identity's
+    ``digest``, when it has one.
+    """
+    found = lens_identity(lens)
+    if found is None:
+        return None
+    if found["kind"] == "custom":
+        return ":".join(str(v) for v in (found["name"], found.get("digest")) if v)
+    return str(found["digest"])
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ refuses a file whose digest is not the model's (:class:`LensDigestError`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -35,10 +37,17 @@ from captum_iglens._utils.typing import Readout
 from captum_iglens.lens.readout import resolve_readout
 from captum_iglens.lens.weights import weights_digest
 
-__all__ = ["FittedLens", "JacobianLens", "LensDigestError", "TunedLens", "load_lens"]
+__all__ = ["FittedLens", "JacobianLens", "LensDigestError", "TunedLens", "load_lens",
+           "settings_key"]
 
 #: The format tag written into every saved lens file.
 _FORMAT = "captum_iglens.fitted_lens.v1"
+
+
+def settings_key(settings: dict[str, Any]) -> str:
+    """12 hex digits over a fit's settings (the ``<kind>-<key>.pt`` name in the cache)."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 class LensDigestError(ValueError):
@@ -70,6 +79,7 @@ class FittedLens(nn.Module):
         self.num_layers, self.hidden_size = int(num_layers), int(hidden_size)
         self.digest = digest
         self.settings: dict[str, Any] = dict(settings or {})
+        self.source = ""  # the file or folder it was loaded from ("": built in this process)
 
     @property
     def readout(self) -> Readout:
@@ -86,6 +96,24 @@ class FittedLens(nn.Module):
     def translate(self, hidden: Tensor, layer: int) -> Tensor:
         """``T_L(h)`` in float32, ``[..., d]`` (``layer`` in ``0..n-1``)."""
         raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:
+        """Which fitted lens this is, for JSON (``"lens"``) and a run's fingerprint.
+
+        Returns:
+            dict: ``kind``; ``digest``, 16 hex digits over the translators' tensors (two
+            lenses with other weights never share it); ``model_digest``, the weights digest
+            of the model it was fitted on; ``settings_key``, the hash of its fit settings
+            (its cache file's name); ``source``, the file or folder it was loaded from
+            (``""`` when built in this process).
+        """
+        content = hashlib.blake2b(digest_size=8)
+        for name, tensor in sorted(self.state_dict().items()):
+            data = tensor.detach().float().cpu().contiguous()
+            content.update(name.encode())
+            content.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return {"kind": self.kind, "digest": content.hexdigest(), "model_digest": self.digest,
+                "settings_key": settings_key(self.settings), "source": self.source}
 
     def forward(self, hidden: Tensor, layer: int) -> Tensor:
         """Logits ``[..., V]`` of ``hidden`` ``[..., d]`` read at hidden-state index ``layer``.
@@ -199,4 +227,5 @@ def load_lens(path: Union[str, Path], model: nn.Module,
     lens = _KINDS[payload["kind"]](resolve_readout(model), payload["num_layers"],
                                    payload["hidden_size"], digest, payload["settings"])
     lens.load_state_dict(payload["state"])
+    lens.source = str(path)
     return lens.requires_grad_(False)

@@ -15,6 +15,7 @@ from captum_iglens._utils.format import total_symbol
 from captum_iglens._utils.views import ResultView
 from captum_iglens.plot.completeness import plot_completeness
 from captum_iglens.plot.heatmap import (
+    LENS_LABEL,
     _label,
     _map_in,
     _plain,
@@ -22,6 +23,8 @@ from captum_iglens.plot.heatmap import (
     _token_pt,
     _units,
     draw_heatmap,
+    draw_lens_terms,
+    lens_terms,
     plot_heatmap,
     start_note,
 )
@@ -141,6 +144,9 @@ def _caption(fig: Figure, result: ResultView, display: str = "credit") -> None:
                  " f(h_0) - f(b), which no decoder block made.")
     text += _span_note(result) + start_note(result, display)
     text += _EFFECT_WORDS.get(getattr(result, "effect", "readout"), "")
+    if lens_terms(result) is not None:
+        text += (" A per-layer readout g_L: the credits are block terms g_L(h_L) - g_L(h_(L-1)); "
+                 f"hatched panel: {LENS_LABEL}; credits plus lens terms add up to delta p.")
     if result.baseline_description:
         text += f" Baseline: {_plain(result.baseline_description)}."
     lines = _wrap(text, 72.0 * fig.get_figwidth() * 0.96, _CAPTION_PT, 4)
@@ -177,7 +183,9 @@ def _trajectory(
     else:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("hidden-state index (layer)")
-    ax.set_title("logit-lens trajectory per token", fontsize=9)
+    per_layer = lens_terms(result) is not None
+    ax.set_title(f"{'readout g_L(h_L)' if per_layer else 'logit-lens'} trajectory per token",
+                 fontsize=9)
     _trajectory_axis(ax, result)
     if not n_tok:
         return
@@ -214,7 +222,9 @@ def plot_result(
     colour map centred at 0 (symmetric limits; Captum's colours, red negative, green
     positive, as ``result.to_captum().plot_token_attr()`` draws them), every answer token
     labelled with its index (``*``: not the argmax of the explained forward), the onset
-    layer of each token boxed.
+    layer of each token boxed. With a per-layer readout (``lens_change`` set) its lens terms
+    come next, in a hatched panel of their own with a legend entry
+    (:func:`~captum_iglens.plot.heatmap.draw_lens_terms`).
     Middle, when ``result.top_k_tokens`` is set and the grid stays readable (up to about
     16 layers): the logit lens's top-1 token per token and layer. Right: the
     logit-lens readout of each answer token over the chosen layers, coloured by token
@@ -246,6 +256,10 @@ def plot_result(
     attr = values.numpy()
     probs = result.lens_probs.detach().float().cpu().numpy()
     size, widths, row_pt = _sizes(result, figsize, max_legend)
+    with_grid, lens = len(widths) == 3, lens_terms(result) is not None
+    if lens:  # a per-layer readout: its lens terms in a panel of their own, next to the map
+        widths.insert(1, widths[0])
+        size = size if figsize is not None else (min(_MAX_FIG, size[0] + widths[0]), size[1])
     fig = _new_figure(size)
     fig.get_layout_engine().set(wspace=0.06)  # type: ignore[union-attr, call-arg]  # constrained layout  # room between a colour bar and the next panel
     grid = fig.add_gridspec(1, len(widths), width_ratios=widths)
@@ -254,7 +268,10 @@ def plot_result(
     k = max(len(result.layer_indices), 1)
     draw_heatmap(fig, ax_map, result, attr, row_pt, label, 72.0 * _map_in(k) / k,
                  log_view=display == "log-probability")
-    ax_grid = fig.add_subplot(grid[1], sharey=ax_map) if len(widths) == 3 else None
+    if lens:
+        draw_lens_terms(fig, fig.add_subplot(grid[1], sharey=ax_map), result, row_pt,
+                        72.0 * _map_in(k) / k)
+    ax_grid = fig.add_subplot(grid[1 + lens], sharey=ax_map) if with_grid else None
     _trajectory(fig, ax_traj, result, probs, max_legend)
     _title(fig, result)
     _caption(fig, result, display)

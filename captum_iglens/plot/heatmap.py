@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 
-__all__ = ["draw_heatmap", "plot_heatmap", "start_note"]
+__all__ = ["draw_heatmap", "draw_lens_terms", "lens_terms", "plot_heatmap", "start_note"]
 
 _MAX_FIG = 24.0  # inches, either side
 _COLUMN_IN = 0.32  # planned width of one heatmap column
@@ -159,6 +159,47 @@ def draw_heatmap(fig: Figure, ax: Any, result: ResultView, attr: np.ndarray, row
     _onset_boxes(ax, result, row_pt)
 
 
+def lens_terms(result: ResultView) -> Optional[np.ndarray]:
+    """``[T, k]`` float32 lens terms of a per-layer readout (``lens_change``); None: logit lens."""
+    lens = getattr(result, "lens_change", None)
+    return None if lens is None else lens.detach().float().cpu().numpy()
+
+
+#: The legend entry of the lens terms (the panel's cells are hatched grey over their colour).
+LENS_LABEL = "lens term g_L(h_(L-1)) - g_(L-1)(h_(L-1)): the readout's change, not a credit"
+
+
+def draw_lens_terms(fig: Figure, ax: Any, result: ResultView, row_pt: float,
+                    col_pt: float = 72.0 * _COLUMN_IN) -> None:
+    """A per-layer readout's ``[T, k]`` lens terms, in a panel apart from the credits.
+
+    Their own diverging colours (orange negative, purple positive, symmetric limits) under a
+    grey hatch, a colour bar in the result's units and a legend entry: the change of readout
+    at a fixed residual, which no block made. Credits and lens terms add up to ``delta_p``.
+    """
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Patch, Rectangle
+
+    from captum_iglens._utils.display import layer_labels
+
+    values = lens_terms(result)
+    k = len(result.layer_indices)
+    values = values if values is not None and values.size else np.zeros((1, k))
+    limit = float(np.abs(values).max()) or 1e-12
+    image = ax.imshow(values, cmap="PuOr", norm=Normalize(vmin=-limit, vmax=limit),
+                      aspect="auto", interpolation="nearest")
+    ax.add_patch(Rectangle((-0.5, -0.5), k, values.shape[0], fill=False, hatch="///",
+                           edgecolor="#707070", alpha=0.35, linewidth=0))
+    fig.colorbar(image, ax=ax, label=f"lens term ({_units(result)})")
+    _layer_ticks(ax, layer_labels(result.layer_indices, result.granularity), col_pt)
+    _token_ticks(ax, result, row_pt)
+    ax.set_xlabel("layer")
+    ax.set_title("lens terms per token and layer\n(apart from the credits)", fontsize=9)
+    ax.legend(handles=[Patch(facecolor="#d0d0d0", edgecolor="#707070", hatch="///",
+                             label=LENS_LABEL)], fontsize=6, loc="upper center",
+              bbox_to_anchor=(0.5, -0.12), frameon=False)
+
+
 def _token_ticks(ax: Any, result: ResultView, row_pt: float) -> None:
     n_tok = len(result.tokens)
     flags = list(result.is_argmax) or [True] * n_tok
@@ -220,7 +261,8 @@ def plot_heatmap(result: ResultView, figsize: Optional[tuple[float, float]] = No
     a colour bar in the result's units; in log units the start column set apart, see
     :func:`draw_heatmap`) without the trajectory, the title or the caption:
     about 0.16 inch per layer and 0.14 inch per token (at most 24 x 24 inches), small enough
-    to embed one per record in a page (``iglens summarize --html``).
+    to embed one per record in a page (``iglens summarize --html``). A per-layer readout's
+    lens terms get a panel of their own to the right (:func:`draw_lens_terms`).
 
     Args:
         result (IGLensResult): What :func:`~captum_iglens.explain` returned.
@@ -235,15 +277,18 @@ def plot_heatmap(result: ResultView, figsize: Optional[tuple[float, float]] = No
     from captum_iglens._utils.display import display_attributions
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
+    panels = 1 if lens_terms(result) is None else 2  # a per-layer readout: its lens terms
     labels_in = 4.2 if result.contrastive else 3.2  # token labels and colour bar
-    width, height = figsize or (min(_MAX_FIG, labels_in + 0.16 * k),
+    width, height = figsize or (min(_MAX_FIG, panels * (labels_in + 0.16 * k)),
                                 min(_MAX_FIG, 1.3 + 0.14 * max(n_tok, 1)))
     from matplotlib.figure import Figure as NewFigure
 
     fig = NewFigure(figsize=(width, height), layout="constrained")
     row_pt = 72.0 * max(height - 1.3, 0.14) / max(n_tok, 1)
-    col_pt = 72.0 * max(width - labels_in, 0.16) / max(k, 1)
+    col_pt = 72.0 * max(width / panels - labels_in, 0.16) / max(k, 1)
     values, label = display_attributions(result, display)
-    draw_heatmap(fig, fig.add_subplot(1, 1, 1), result, values.numpy(), row_pt, label,
+    draw_heatmap(fig, fig.add_subplot(1, panels, 1), result, values.numpy(), row_pt, label,
                  col_pt, log_view=display == "log-probability")
+    if panels == 2:
+        draw_lens_terms(fig, fig.add_subplot(1, 2, 2), result, row_pt, col_pt)
     return fig

@@ -87,6 +87,10 @@ class IGLensResult:
             :class:`~captum_iglens.IGLens`): the lens terms ``g_{L_j}(h_{L_{j-1}}) -
             g_{L_{j-1}}(h_{L_{j-1}})``; credits plus lens terms add up to ``delta_p``
             (JSON: ``"lens_change"`` per token). None for the logit lens.
+        lens (dict, optional): Which per-layer readout (JSON: top-level ``"lens"``; ``kind``
+            ``"tuned"``, ``"jacobian"`` or ``"custom"``, and a fitted lens's ``digest``,
+            ``model_digest``, ``settings_key``, ``source``:
+            :func:`~captum_iglens.lens.layer_readout.lens_identity`). None for the logit lens.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -132,6 +136,7 @@ class IGLensResult:
     head_rest: Optional[Tensor] = None
     effect: str = DEFAULT_EFFECT
     lens_change: Optional[Tensor] = None
+    lens: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
@@ -250,6 +255,7 @@ class IGLensResult:
             **({} if self.granularity == "block" else
                {"granularity": self.granularity, "layer_names": self.layer_names}),
             **self._effect_fields(),
+            **({} if self.lens is None else {"lens": self.lens}),
             **self.extras,
         }
 

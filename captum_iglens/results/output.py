@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from torch import Tensor
 
@@ -76,6 +76,8 @@ class IGLensOutput:
             block terms and ``attributions.sum(-1) + lens_change.sum(-1) = p_final -
             p_baseline`` (``p_baseline = g_0(b)``, ``lens_probs`` ``g_L(h_L)``). ``None`` for
             the logit lens (the default), whose lens terms are zero.
+        lens (dict, optional): Which per-layer readout made them
+            (:func:`~captum_iglens.lens.layer_readout.lens_identity`); None for the logit lens.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -102,6 +104,7 @@ class IGLensOutput:
     method: str = DEFAULT_METHOD
     n_steps: int = DEFAULT_N_STEPS
     lens_change: Optional[Tensor] = None
+    lens: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         """Check that every tensor has the shape the others imply."""

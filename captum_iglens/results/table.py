@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from captum_iglens._utils.format import readout_words, shorten, total_symbol
 from captum_iglens._utils.views import ResultView
@@ -70,8 +71,19 @@ def _block(result: ResultView, cols: list[int]) -> list[str]:
         if j == 0 and result.layer_indices[0] == 0 and len(names) > 1:
             lines.append(rule.replace("-", "·"))  # the move to h_0, apart from the blocks
     lines.append(rule)
+    lens = _lens_terms(result)
+    if lens is not None:  # the readout's changes, apart from the block terms above
+        lines.append(f"{'':>{w}} |" + "".join(f" {'lens term':>{_CELL}} {'':>{_CELL}} |"
+                                              for _ in cols))
+        for j, name in enumerate(names):
+            lines.append(f"{name:>{w}} |" + "".join(
+                f" {format_number(float(lens[t, j])):>{_CELL}} {'':>{_CELL}} |" for t in cols))
+        lines.append(rule)
+    sums = [("sum", [float(result.attributions[t].sum()) for t in cols])]
+    if lens is not None:
+        sums.append(("lens", [float(lens[t].sum()) for t in cols]))
     for key, values in (
-        ("sum", [float(result.attributions[t].sum()) for t in cols]),
+        *sums,
         (total, [float(result.delta_p[t]) for t in cols]),
         (final, [float(result.p_final[t]) for t in cols]),
     ):
@@ -80,6 +92,11 @@ def _block(result: ResultView, cols: list[int]) -> list[str]:
     onsets = [names[result.layer_indices.index(result.onset_layers[t])] for t in cols]
     lines.append(f"{'onset':>{w}} |" + "".join(f" {o:>{_TOKEN}} |" for o in onsets))
     return lines + [""]
+
+
+def _lens_terms(result: ResultView) -> Any:
+    """``[T, k]`` lens terms of a per-layer readout, or None (the logit lens)."""
+    return getattr(result, "lens_change", None)
 
 
 def _onset_rule(result: ResultView, total: str) -> str:
@@ -126,16 +143,28 @@ def _legend(result: ResultView) -> list[str]:
                   "its reference (first-order, not additive)")
         start, adds = ("F(0), every chosen update at the token at its reference",
                        "which the estimates need not add up to")
-    readout = "logit-lens readout f(h_L)"
-    if getattr(result, "lens_change", None) is not None:
-        readout = "the per-layer lens's readout g_L(h_L)"
-        adds = "what the credits and the lens terms (lens_change, not shown) add up to"
+    readout, lens_words = "logit-lens readout f(h_L)", ""
+    if _lens_terms(result) is not None:
+        readout = f"the {_lens_kind(result)} lens's readout g_L(h_L)"
+        credit = f"the layer's block term g_L(h_L) - g_L(h_(L-1)) ({unit})"
+        adds = "what the credits and the lens terms add up to (sum + lens)"
+        lens_words = ("; lens term (rows below the credits): g_L(h_(L-1)) - g_(L-1)(h_(L-1)), "
+                      "the change of readout at a fixed residual (the baseline read at layer "
+                      "0 first), no block's doing; lens: their sum")
     text = (f"IG: {credit}; {lens}: {readout} of the "
-            f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum; "
+            f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum"
+            f"{lens_words}; "
             f"{total}: {p} minus {start} ({unit}), {adds}; {p}: the "
             f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
             f"onset: {_onset_rule(result, total)} ({result.onset_rule} rule).")
     return textwrap.wrap(text, 100) + _emb_legend(result) + _argmax_legend(result)
+
+
+def _lens_kind(result: ResultView) -> str:
+    """The per-layer readout's kind and, for a fitted lens, its digest, in words."""
+    found = getattr(result, "lens", None) or {}
+    kind = str(found.get("kind") or "per-layer")
+    return f"{kind} ({found['digest']})" if found.get("digest") else kind
 
 
 def _argmax_legend(result: ResultView) -> list[str]:
@@ -154,8 +183,9 @@ def _completeness_lines(result: ResultView, total: str, kind: str) -> list[str]:
             f"{total}| = {result.completeness_error:.3e} is the estimates' gap, not an error "
             f"({result.units}{kind})", 100)
     what = "total effect (gated block updates), " if result.effect == "total" else ""
+    terms = "sum + lens" if _lens_terms(result) is not None else "sum"
     return textwrap.wrap(
-        f"{what}completeness: max |sum - {total}| = {result.completeness_error:.3e} over "
+        f"{what}completeness: max |{terms} - {total}| = {result.completeness_error:.3e} over "
         f"{n_tok} token{'' if n_tok == 1 else 's'} ({result.method}, {result.units}{kind})",
         100)
 

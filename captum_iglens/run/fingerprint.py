@@ -66,7 +66,8 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
             ``effect`` (recorded and compared when it is not ``"readout"``; the total
             effect's exact split depends on ``n_steps``, so it is kept then), ``scope``
             and ``grad_drop`` (likewise, away from ``"position"`` and False), and ``lens``
-            (the per-layer readout's kind, recorded and compared when it is not ``"logit"``).
+            (the per-layer readout's kind, recorded and compared when it is not ``"logit"``,
+            with ``lens_digest``, which fitted lens: its tensors' digest).
 
     Returns:
         dict: the entries of :data:`FINGERPRINT_KEYS`, ``torch`` and ``transformers``
@@ -98,6 +99,9 @@ def run_fingerprint(model: nn.Module, *, layers: Sequence[int], units: str,
     if lens not in (None, DEFAULT_LENS):  # logit-lens runs keep the digests they always had
         entries["lens"] = lens
         compared_keys = (*compared_keys, "lens")
+        if settings.get("lens_digest") is not None:  # which fitted lens, not only its kind
+            entries["lens_digest"] = settings["lens_digest"]
+            compared_keys = (*compared_keys, "lens_digest")
     for key in ("scope", "grad_drop"):  # likewise: recorded only away from the default
         if getattr(recorded, key) != OPTIONAL_KEYS[key]:
             entries[key] = getattr(recorded, key)
@@ -137,6 +141,9 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
             mine, other = (f.get(key, default) for f in (fingerprint, theirs))
             if mine != other:
                 diffs.append(f"{key}: {other!r} there, {mine!r} now")
+        if theirs.get("lens_digest") != fingerprint.get("lens_digest"):
+            diffs.append(f"lens_digest (which fitted lens): {theirs.get('lens_digest')!r} "
+                         f"there, {fingerprint.get('lens_digest')!r} now")
         raise RunMismatchError(
             f"{path} holds results of another run ({'; '.join(diffs) or 'other settings'}): "
             "resuming would mix their numbers. Write to another --output, or delete the file "

@@ -64,7 +64,8 @@ def input_hash(fields: Mapping[str, Any]) -> str:
 
 def fingerprint_settings(attribution: AttributionSettings, report: ReportSettings,
                          generation: GenerationSettings, *, stride: int,
-                         lens: str = DEFAULT_LENS) -> dict[str, Any]:
+                         lens: str = DEFAULT_LENS,
+                         lens_key: Optional[str] = None) -> dict[str, Any]:
     """The settings mapping of a run's fingerprint (for the run and the check before the load).
 
     Args:
@@ -74,6 +75,10 @@ def fingerprint_settings(attribution: AttributionSettings, report: ReportSetting
         generation (GenerationSettings): Answer length, chat template and its variables.
         stride (int): Document mode's step between explained positions.
         lens (str): The per-layer readout's kind (recorded only when it is not ``"logit"``).
+        lens_key (str, optional): Which readout of that kind
+            (:func:`~captum_iglens.lens.layer_readout.lens_key`: a fitted lens's tensor
+            digest), recorded as ``lens_digest`` next to a non-logit ``lens``; None: unknown
+            (before the model is loaded).
 
     Returns:
         dict: the keys of :data:`SETTINGS_KEYS`, ``granularity`` when it is not ``"block"``,
@@ -89,6 +94,7 @@ def fingerprint_settings(attribution: AttributionSettings, report: ReportSetting
             **({} if granularity == DEFAULT_GRANULARITY else {"granularity": granularity}),
             **({} if effect == DEFAULT_EFFECT else {"effect": effect}),
             **({} if lens == DEFAULT_LENS else {"lens": lens}),
+            **({} if lens == DEFAULT_LENS or lens_key is None else {"lens_digest": lens_key}),
             **{key: getattr(attribution, key) for key in ("scope", "grad_drop")
                if getattr(attribution, key) != OPTIONAL_KEYS[key]}}
 
@@ -207,6 +213,8 @@ def nothing_left(lines: Sequence[Mapping[str, Any]], hashes: Mapping[Any, str],
     """
     if source is None or "layers" not in planned or not lines:
         return False
+    if planned.get("lens", DEFAULT_LENS) != DEFAULT_LENS:
+        return False  # which fitted lens is only known with the model: load it and compare
     ids = [line.get("id") for line in lines]
     done = {line.get("id"): line.get("input_hash") for line in lines}
     if len(done) != len(ids) or any(done.get(rid) != h for rid, h in hashes.items()):

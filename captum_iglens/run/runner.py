@@ -22,7 +22,7 @@ from torch import nn
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens.ig_lens import IGLens
 from captum_iglens.lens.architectures import strip_parallel
-from captum_iglens.lens.layer_readout import lens_name
+from captum_iglens.lens.layer_readout import lens_key, lens_name
 from captum_iglens.results import IGLensResult
 from captum_iglens.run.distributed import Processes, processes
 from captum_iglens.run.fingerprint import (
@@ -263,7 +263,8 @@ def _pending(out: ResultsFile, lens: IGLens, records: Sequence[Record],
     fingerprint = run_fingerprint(
         lens.model, layers=lens.layer_indices, units=lens.units,
         settings=fingerprint_settings(attribution, settings.report, settings.generation,
-                                      stride=settings.stride, lens=lens_name(lens.spec.lens)))
+                                      stride=settings.stride, lens=lens_name(lens.spec.lens),
+                                      lens_key=lens_key(lens.spec.lens)))
     lines = out.lines()
     check_resume(lines, fingerprint, out.path)
     if settings.model_source is not None:  # not compared: lets a rerun skip the load

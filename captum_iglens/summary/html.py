@@ -133,9 +133,15 @@ def _figures(summary: RunSummary) -> str:
     if not summary.layers:
         return '<p class="note">No record was explained: no figure.</p>'
     image = figure_png_base64(plot_summary(summary))
+    lens = "" if summary.mean_lens_change is None else (
+        '<p class="note">A per-layer readout: the credits are block terms g_L(h_L) - '
+        "g_L(h_(L-1)); its lens terms g_L(h_(L-1)) - g_(L-1)(h_(L-1)) (the readout's change "
+        "at a fixed residual, no block's doing) are the grey hatched bars, and add up with "
+        f"the credits to the mean Δ: sum of mean lens terms "
+        f"{_esc(f'{sum(summary.mean_lens_change):.4g}')}.</p>")
     return (f'<img src="data:image/png;base64,{image}" alt="per-layer mean '
             f'{_esc(summary.credit_name)} with its confidence band, and the onset-layer '
-            'histogram">')
+            'histogram">' + lens)
 
 
 def render_html(

@@ -25,7 +25,9 @@ def plot_summary(summary: RunSummary, path: Optional[str] = None) -> Figure:
 
     The credit is named by the run's effect (:attr:`~captum_iglens.summary.pool.RunSummary.
     credit_name`: readout credit, total effect, or AtP estimate (not additive)) in the
-    legend, the axis label and the title. Left: the ``[k]`` mean credits over all tokens
+    legend, the axis label and the title; a per-layer readout's mean lens terms
+    (``mean_lens_change``) are grey hatched bars of their own, with a legend entry. Left: the
+    ``[k]`` mean credits over all tokens
     against the layers, a shaded band from
     ``ci_low`` to ``ci_high`` (absent with fewer than 2 records), and 0 marked. Right: the
     number of tokens whose onset is each layer.
@@ -75,6 +77,11 @@ def _mean_panel(ax: Any, summary: RunSummary, x: np.ndarray) -> None:
         ax.fill_between(x, low, high, color="#dd8452", alpha=0.3, linewidth=0,
                         label=f"{100 * summary.confidence:g}% CI (records resampled)")
     name = summary.credit_name
+    lens = getattr(summary, "mean_lens_change", None)
+    if lens is not None:  # a per-layer readout: its lens terms apart, grey and hatched
+        ax.bar(x, np.asarray(lens, dtype=np.float64), width=0.6, color="#d0d0d0",
+               edgecolor="#707070", hatch="///", linewidth=0.6,
+               label="mean lens term g_L(h_(L-1)) - g_(L-1)(h_(L-1)) (not a credit)")
     ax.plot(x, mean, marker="o", color="#c44e52", linewidth=1.4, label=f"mean {name}")
     ax.set_ylabel(summary.credit_words)
     ax.set_title(f"mean {name} per layer over {summary.n_tokens} tokens", fontsize=9)

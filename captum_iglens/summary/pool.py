@@ -48,6 +48,7 @@ class _Arrays:
     delta_p: np.ndarray  # [T]
     convergence: np.ndarray  # [T]
     onsets: np.ndarray  # [T] hidden-state indices
+    lens: Optional[np.ndarray] = None  # [T, k] lens terms of a per-layer readout
 
 
 def _arrays(record: dict, layers: list[int]) -> _Arrays:
@@ -65,6 +66,8 @@ def _arrays(record: dict, layers: list[int]) -> _Arrays:
         delta_p = np.array([t["delta_p"] for t in tokens], dtype=np.float64)
         convergence = np.array([t["convergence_delta"] for t in tokens], dtype=np.float64)
         onsets = np.array([t["onset_layer"] for t in tokens], dtype=np.int64)
+        lens = (np.array([t["lens_change"] for t in tokens], dtype=np.float64).reshape(
+            len(tokens), k) if tokens and "lens_change" in tokens[0] else None)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{record_name(record)}: not an IG-Lens result with {k} "
                          f"credits per token ({type(err).__name__}: {err})") from err
@@ -72,7 +75,7 @@ def _arrays(record: dict, layers: list[int]) -> _Arrays:
     if stray:
         raise ValueError(f"{record_name(record)}: onset layers {stray} are not among "
                          f"its layers {layers}")
-    return _Arrays(credits, delta_p, convergence, onsets)
+    return _Arrays(credits, delta_p, convergence, onsets, lens)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -178,6 +181,9 @@ class RunSummary:
             indices, named ``L<l>.attn`` / ``L<l>.mlp``).
         effect (str): ``"readout"``, ``"total"`` or ``"atp"`` (records of different effects
             are never pooled).
+        mean_lens_change (list[float], optional): ``[k]`` mean lens term per layer (a
+            per-layer readout's ``lens_change``; the credits are then block terms, and
+            ``mean_credit`` plus it sums to ``mean_delta_p``); None for the logit lens.
     """
 
     layers: list[int]
@@ -204,6 +210,7 @@ class RunSummary:
     torn: int = 0
     granularity: str = DEFAULT_GRANULARITY
     effect: str = DEFAULT_EFFECT
+    mean_lens_change: Optional[list[float]] = None
 
     @property
     def layer_names(self) -> list[str]:
@@ -232,6 +239,8 @@ class RunSummary:
                 self.layers, self.layer_names, self.mean_credit, self.ci_low, self.ci_high,
                 self.onset_counts, strict=True)
         ]
+        for entry, lens in zip(per_layer, self.mean_lens_change or [], strict=False):
+            entry["mean_lens_change"] = num(lens)
         return {
             "records_ok": self.n_ok, "records_failed": self.n_failed, "tokens": self.n_tokens,
             "document_records": self.n_documents, "torn_lines_skipped": self.torn,
@@ -325,8 +334,16 @@ def summarize(
         total_seconds=float(sum(r["seconds"] for r in with_seconds)),
         failures=[_failure(e) for e in errors], settings=_settings(records),
         n_boot=n_boot, seed=seed, confidence=confidence, torn=torn,
-        granularity=granularity or "block",
+        granularity=granularity or "block", mean_lens_change=_mean_lens(arrays, len(layers)),
     )
+
+
+def _mean_lens(arrays: Sequence[_Arrays], k: int) -> Optional[list[float]]:
+    """``[k]`` mean lens term over all tokens; None when no record has lens terms."""
+    if not any(a.lens is not None for a in arrays):
+        return None
+    return _mean(np.concatenate([a.lens if a.lens is not None else np.zeros((len(a.delta_p), k))
+                                 for a in arrays]), k)
 
 
 def _pooled(arrays: Sequence[_Arrays], k: int) -> _Arrays:

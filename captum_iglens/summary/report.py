@@ -77,21 +77,28 @@ def _layer_lines(s: Any) -> list[str]:
                f"({s.n_boot} resamples, seed {s.seed})" if s.n_ok > 1
                else "no CI: it needs at least 2 records")
     total_sum = math.fsum(s.mean_credit)
-    spec = column_format([*s.mean_credit, *s.ci_low, *s.ci_high, total_sum, s.mean_delta_p])
+    lens = getattr(s, "mean_lens_change", None)
+    spec = column_format([*s.mean_credit, *s.ci_low, *s.ci_high, total_sum, s.mean_delta_p,
+                          *(lens or [])])
     lines = [f"Per-layer mean {getattr(s, 'credit_name', 'credit')} over "
              f"{_plural(s.n_tokens, 'token')} of "
              f"{_plural(s.n_ok, 'record')} ({_unit(s)})", ci_note,
              f"  {'layer':<8}{'mean':>12}{pct + ' CI low':>14}{pct + ' CI high':>14}"
-             f"{'onsets':>9}{'share':>8}"]
+             f"{'onsets':>9}{'share':>8}" + (f"{'lens term':>12}" if lens else "")]
     total = max(s.n_tokens, 1)
-    for name, mean, low, high, count in zip(s.layer_names, s.mean_credit, s.ci_low, s.ci_high,
-                                            s.onset_counts, strict=True):
+    for j, (name, mean, low, high, count) in enumerate(zip(
+            s.layer_names, s.mean_credit, s.ci_low, s.ci_high, s.onset_counts, strict=True)):
         share = count / total
+        lens_cell = f"{fmt(lens[j], spec):>12}" if lens else ""
         lines.append(f"  {shorten(name, 8):<8}{fmt(mean, spec):>12}{fmt(low, spec):>14}"
-                     f"{fmt(high, spec):>14}{count:>9}{100 * share:>7.1f}% "
+                     f"{fmt(high, spec):>14}{count:>9}{100 * share:>7.1f}%{lens_cell} "
                      f"{'#' * round(20 * share)}".rstrip())
-    lines.append(f"  {'sum':<8}{fmt(total_sum, spec):>12}   mean "
+    lens_sum = f" + mean lens terms {fmt(math.fsum(lens), spec)}" if lens else ""
+    lines.append(f"  {'sum':<8}{fmt(total_sum, spec):>12}{lens_sum}   mean "
                  f"{total_symbol(s.units, s.contrastive)} {fmt(s.mean_delta_p, spec)}")
+    if lens:
+        lines.append("  lens term: the readout's change at a fixed residual, g_L(h_(L-1)) - "
+                     "g_(L-1)(h_(L-1)); no block's doing")
     return lines
 
 
@@ -112,7 +119,9 @@ def _completeness_lines(s: Any) -> list[str]:
         return textwrap.wrap(text, WIDTH, subsequent_indent="  ")
     what = "Total effect (gated block updates): completeness" if effect == "total" \
         else "Completeness"
-    text = (f"{what}: max |sum of credits - {total}| = "
+    terms = "sum of credits + lens terms" if getattr(s, "mean_lens_change", None) \
+        else "sum of credits"
+    text = (f"{what}: max |{terms} - {total}| = "
             f"{s.max_abs_convergence_delta:.3g} {_unit(s)} over "
             f"{_plural(s.n_tokens, 'token')}{worst}")
     return textwrap.wrap(text, WIDTH, subsequent_indent="  ")

@@ -112,6 +112,7 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         effect=out.effect,
         **_head_fields(out, row, cols),
         lens_change=None if out.lens_change is None else as_cpu(out.lens_change[row, cols]),
+        lens=out.lens,
         **_top_k_fields(out, row, cols, tokenizer),
         **_contrast_fields(out, row, cols, tokenizer),
     )
