@@ -84,7 +84,8 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
         ValueError: an unknown estimator or bad ``n_steps``
             (:func:`~captum_iglens._core.pipeline.check_estimator`), ``top_k`` negative or
             above the vocabulary, a recording for a sub-layer or total-effect lens, a
-            ``scope`` or ``grad_drop`` the lens cannot honour
+            ``scope`` or ``grad_drop`` the lens cannot honour, a ``method`` or ``n_steps``
+            given to an AtP lens (first-order: it takes neither)
             (:func:`~captum_iglens._core.total_effect.check_gate_options`); and as
             :meth:`~captum_iglens.IGLens.attribute`.
         RuntimeError: a gradient estimator under ``torch.inference_mode()``.
@@ -95,7 +96,7 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
     check_estimator(method, n_steps)
     check_top_k(top_k, spec.vocab_size)
     check_unchanged(spec)
-    check_gate_options(spec, settings.scope, settings.grad_drop)
+    check_gate_options(spec, settings.scope, settings.grad_drop, method, n_steps)
     if isinstance(source, Recorded):
         return _recorded(spec, source, settings, top_k), False
     if spec.effect != DEFAULT_EFFECT:

@@ -35,7 +35,13 @@ from captum_iglens._utils.typing import BaselineSpec, PositionSpec, TargetSpec
 from captum_iglens.lens.spec import LensSpec
 from captum_iglens.lens.state import model_state_preserved
 from captum_iglens.results import IGLensOutput
-from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_SCOPE, SCOPES
+from captum_iglens.settings import (
+    DEFAULT_EFFECT,
+    DEFAULT_METHOD,
+    DEFAULT_N_STEPS,
+    DEFAULT_SCOPE,
+    SCOPES,
+)
 
 __all__ = ["GATE_ROWS", "SCOPES", "check_gate_options", "grad_drop_estimate", "run_total"]
 
@@ -242,14 +248,24 @@ def _targets(clean: CleanTrace, request: PathRequest, target: TargetSpec,
     return tgt, foil, ids
 
 
-def check_gate_options(spec: LensSpec, scope: str, grad_drop: bool) -> None:
-    """Refuse a ``scope`` or ``grad_drop`` that ``spec``'s lens cannot honour.
+def check_gate_options(spec: LensSpec, scope: str, grad_drop: bool,
+                       method: str = DEFAULT_METHOD, n_steps: int = DEFAULT_N_STEPS) -> None:
+    """Refuse a ``scope``, ``grad_drop``, ``method`` or ``n_steps`` ``spec``'s lens ignores.
+
+    A ``method`` or ``n_steps`` away from its default counts as given: attribution patching
+    (``effect="atp"``) is first-order and uses neither, so one given with it is refused
+    rather than silently ignored.
 
     Raises:
         ValueError: ``scope`` not one of :data:`SCOPES`; ``scope="sequence"`` for a readout
             lens (it has no gates) or at sub-layer or head granularity; ``grad_drop``
-            without ``effect="atp"`` at position scope on a model of >= 2 blocks.
+            without ``effect="atp"`` at position scope on a model of >= 2 blocks;
+            ``effect="atp"`` with a ``method`` or ``n_steps`` away from its default.
     """
+    if spec.effect == "atp" and (method != DEFAULT_METHOD or n_steps != DEFAULT_N_STEPS):
+        raise ValueError(f"effect='atp' was given method={method!r}, n_steps={n_steps}: AtP "
+                         "is first-order (one backward pass) and takes no estimator or "
+                         "steps; leave both out, or use effect='total'.")
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}.")
     if grad_drop and (spec.effect != "atp" or scope != DEFAULT_SCOPE

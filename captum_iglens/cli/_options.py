@@ -154,6 +154,23 @@ def add_lens_option(parser: argparse.ArgumentParser) -> None:
         "and unembedding at every layer); tuned or jacobian: the lens fitted for this model "
         "by `iglens fit-lens` (credits are then block terms, and lens_change holds the "
         "change of readout between layers)")
+    add_check(parser, _check_lens)
+
+
+def _check_lens(args: argparse.Namespace) -> None:
+    """Refuse a fitted ``--lens`` with what it cannot read (IGLens's rule), before the load."""
+    from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, DEFAULT_LENS
+
+    if args.lens == DEFAULT_LENS:
+        return
+    effect = getattr(args, "effect", DEFAULT_EFFECT)
+    granularity = getattr(args, "granularity", DEFAULT_GRANULARITY)
+    if effect != DEFAULT_EFFECT:
+        raise UsageError(f"--lens {args.lens} reads block outputs for readout credits: it "
+                         f"cannot be used with --effect {effect} (drop one of them)")
+    if granularity != DEFAULT_GRANULARITY or getattr(args, "heads", False):
+        raise UsageError(f"--lens {args.lens} reads block outputs: it cannot be used with "
+                         "--granularity sublayer or --heads (drop one of them)")
 
 
 def _check_effect(args: argparse.Namespace) -> None:
@@ -168,9 +185,14 @@ def _check_effect(args: argparse.Namespace) -> None:
             raise UsageError(f"--scope {scope} places the gates of --effect total or atp; "
                              "readout credits have none: add --effect total or atp")
         return
-    from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_METHOD
+    from captum_iglens.settings import CAPTUM_METHODS, DEFAULT_METHOD, DEFAULT_N_STEPS
 
     method = getattr(args, "method", DEFAULT_METHOD)
+    steps = getattr(args, "n_steps", DEFAULT_N_STEPS)
+    if effect == "atp" and (method != DEFAULT_METHOD or steps != DEFAULT_N_STEPS):
+        raise UsageError("--effect atp takes no --method or --n-steps: AtP is first-order "
+                         "(one backward pass, no integration steps); drop them, or use "
+                         "--effect total")
     if effect == "total" and method not in (DEFAULT_METHOD, *CAPTUM_METHODS):
         raise UsageError(f"--method {method} is a readout estimator: --effect total takes "
                          f"{DEFAULT_METHOD} (the exact step split) or one of "

@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=opts.at_least(1, "--max-new-tokens"),
                         default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"longest greedy answer (default: {DEFAULT_MAX_NEW_TOKENS})")
+    parser.add_argument("--no-effects", action="store_true",
+                        help="skip the effect predictors (total effect and AtP scores, a "
+                        "gated forward and backward per block and token): a faster run")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the resample donors, the random predictor and the "
                         "bootstrap (default: 0)")
@@ -184,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     from captum_iglens.validate.ablation import ReferenceSetError
     from captum_iglens.validate.driver import INTERVENTIONS, validate
     from captum_iglens.validate.patching import PairAlignmentError
+    from captum_iglens.validate.predictors import DEFAULT_EFFECTS
 
     model, tokenizer = load(args.model)
     kinds = INTERVENTIONS if args.ablation == "all" else (args.ablation,)
@@ -191,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
         result = validate(model, tokenizer, args.prompts, kinds=kinds,
                           threshold=args.threshold, max_new_tokens=args.max_new_tokens,
                           seed=args.seed, donors=args.donors, pairs=args.pairs,
-                          prompts_file=args.prompts_file, pairs_file=args.pairs_file)
+                          prompts_file=args.prompts_file, pairs_file=args.pairs_file,
+                          effects=() if args.no_effects else DEFAULT_EFFECTS)
     except ReferenceSetError as err:
         raise UsageError(f"{err.shortfall}: {_REMEDY}") from err
     except PairAlignmentError as err:

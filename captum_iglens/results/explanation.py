@@ -18,6 +18,7 @@ from captum_iglens.settings import (
     DEFAULT_N_STEPS,
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
+    DEFAULT_SCOPE,
     DEFAULT_UNITS,
 )
 
@@ -91,6 +92,9 @@ class IGLensResult:
             ``"tuned"``, ``"jacobian"`` or ``"custom"``, and a fitted lens's ``digest``,
             ``model_digest``, ``settings_key``, ``source``:
             :func:`~captum_iglens.lens.layer_readout.lens_identity`). None for the logit lens.
+        scope (str): Where a total-effect or AtP lens's gates acted: ``"position"`` or
+            ``"sequence"``. grad_drop (bool): AtP* (GradDrop; ``method`` ``"atp*"``). The
+            JSON holds each only away from its default, as ``effect`` and ``granularity``.
 
     Raises:
         ValueError: on construction, if the shapes do not agree.
@@ -137,6 +141,8 @@ class IGLensResult:
     effect: str = DEFAULT_EFFECT
     lens_change: Optional[Tensor] = None
     lens: Optional[dict[str, Any]] = None
+    scope: str = DEFAULT_SCOPE
+    grad_drop: bool = False
 
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
@@ -218,10 +224,12 @@ class IGLensResult:
         return "sum of credits - delta_p (completeness error)"
 
     def _effect_fields(self) -> dict[str, Any]:
-        """``effect`` and ``delta_meaning`` for JSON (readout results: none, as before)."""
+        """``effect``, ``delta_meaning``, ``scope``, ``grad_drop`` for JSON (defaults: none)."""
+        gates = {**({} if self.scope == DEFAULT_SCOPE else {"scope": self.scope}),
+                 **({"grad_drop": True} if self.grad_drop else {})}
         if self.effect == DEFAULT_EFFECT:
-            return {}
-        return {"effect": self.effect, "delta_meaning": self.delta_meaning}
+            return gates
+        return {"effect": self.effect, "delta_meaning": self.delta_meaning, **gates}
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: settings, ``input_ids``, and one entry per answer token.

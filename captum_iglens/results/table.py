@@ -30,6 +30,15 @@ def _row_names(result: ResultView) -> tuple[str, str, str]:
     return "lens lp", total, "log p"
 
 
+#: The credit column's name per ``effect``: IG-Lens credits, total-effect shares, AtP estimates.
+_CREDIT_NAMES = {"readout": "IG", "total": "total", "atp": "AtP"}
+
+
+def _credit_name(result: ResultView) -> str:
+    """The credit column's title: what its numbers are (``"IG"`` for readout credits)."""
+    return _CREDIT_NAMES.get(result.effect, "IG")
+
+
 def _head(result: ResultView, cols: list[int], w: int = 6) -> list[str]:
     """Token labels (with the foils under them when contrastive) and the column names.
 
@@ -48,8 +57,8 @@ def _head(result: ResultView, cols: list[int], w: int = 6) -> list[str]:
     lines = [head]
     if result.contrastive:
         lines.append(f"{'vs':>{w}} |" + "".join(f" {foil(t):>{_TOKEN}} |" for t in cols))
-    level = _row_names(result)[0]
-    lines.append(f"{'':>{w}} |" + "".join(f" {'IG':>{_CELL}} {level:>{_CELL}} |" for _ in cols))
+    level, credit = _row_names(result)[0], _credit_name(result)
+    lines.append(f"{'':>{w}} |" + "".join(f" {credit:>{_CELL}} {level:>{_CELL}} |" for _ in cols))
     return lines + ["-" * len(head)]
 
 
@@ -89,7 +98,9 @@ def _block(result: ResultView, cols: list[int]) -> list[str]:
     ):
         lines.append(f"{key:>{w}} |" + "".join(
             f" {format_number(v, digits=6):>{_TOKEN}} |" for v in values))
-    onsets = [names[result.layer_indices.index(result.onset_layers[t])] for t in cols]
+    # AtP's estimates do not add up, so no cumulative-credit onset is read from them
+    onsets = ["n/a" if result.effect == "atp" else
+              names[result.layer_indices.index(result.onset_layers[t])] for t in cols]
     lines.append(f"{'onset':>{w}} |" + "".join(f" {o:>{_TOKEN}} |" for o in onsets))
     return lines + [""]
 
@@ -101,20 +112,30 @@ def _lens_terms(result: ResultView) -> Any:
 
 def _onset_rule(result: ResultView, total: str) -> str:
     """The onset rule in words; ``total`` names what the credits add up to."""
+    if result.effect == "atp":
+        return "n/a: AtP estimates are not a decomposition, so no cumulative-credit onset"
     return (f"first layer from which the cumulative credit stays at or beyond "
             f"{result.onset_frac:g}·{total}" if result.onset_rule == "sustained" else
             f"first layer holding {result.onset_frac:g} of the cumulative |credit|")
+
+
+def _rule_name(result: ResultView) -> str:
+    """`` (sustained rule)``; nothing where the onset is n/a (AtP)."""
+    return "" if result.effect == "atp" else f" ({result.onset_rule} rule)"
 
 
 def _contrast_legend(result: ResultView) -> list[str]:
     """The legend of a contrastive table: every value is ``F``, the foil under each token."""
     f, unit = (("log p(token) - log p(foil)", "nats") if result.units != "probability"
                else ("p(token) - p(foil)", "probability"))
+    credit = {"total": "total-effect credit", "atp": "AtP estimate (not additive)"}.get(
+        result.effect, "IG-Lens credit")
     text = (f"Contrastive: every value is F = {f} ({unit}): why "
-            "the token rather than its foil, named under it ('vs'). IG: the layer's IG-Lens "
-            "credit to F; lens F: logit-lens F(h_L) at that layer (a level, not a credit); sum: "
-            "the credits' sum; ΔF: F minus F at the baseline, what the credits add up to; F: "
-            f"the model's own F; onset: {_onset_rule(result, 'ΔF')} ({result.onset_rule} rule).")
+            f"the token rather than its foil, named under it ('vs'). {_credit_name(result)}: "
+            f"the layer's {credit} to F; lens F: logit-lens F(h_L) at that layer (a level, not "
+            "a credit); sum: the credits' sum; ΔF: F minus F at the baseline, what the credits "
+            "add up to; F: "
+            f"the model's own F; onset: {_onset_rule(result, 'ΔF')}{_rule_name(result)}.")
     return textwrap.wrap(text, 100)
 
 
@@ -151,12 +172,12 @@ def _legend(result: ResultView) -> list[str]:
         lens_words = ("; lens term (rows below the credits): g_L(h_(L-1)) - g_(L-1)(h_(L-1)), "
                       "the change of readout at a fixed residual (the baseline read at layer "
                       "0 first), no block's doing; lens: their sum")
-    text = (f"IG: {credit}; {lens}: {readout} of the "
+    text = (f"{_credit_name(result)}: {credit}; {lens}: {readout} of the "
             f"token at that layer ({unit}; a level, not a credit); sum: the credits' sum"
             f"{lens_words}; "
             f"{total}: {p} minus {start} ({unit}), {adds}; {p}: the "
             f"model's own {'probability' if p == 'p' else 'log-probability'} of the token; "
-            f"onset: {_onset_rule(result, total)} ({result.onset_rule} rule).")
+            f"onset: {_onset_rule(result, total)}{_rule_name(result)}.")
     return textwrap.wrap(text, 100) + _emb_legend(result) + _argmax_legend(result)
 
 

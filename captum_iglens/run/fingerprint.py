@@ -29,6 +29,7 @@ from captum_iglens.run.resume import (
     FINGERPRINT_KEYS,
     OPTIONAL_KEYS,
     _jsonable,
+    ignored_keys,
     input_hash,
     record_fields,
 )
@@ -135,8 +136,10 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
                 "--output, or delete the file to start over.")
         if theirs.get("digest") == fingerprint["digest"]:
             continue
+        skipped = ignored_keys(theirs, fingerprint)  # two AtP runs: method, n_steps unread
         diffs = [f"{key}: {theirs.get(key)!r} there, {fingerprint.get(key)!r} now"
-                 for key in FINGERPRINT_KEYS if theirs.get(key) != fingerprint.get(key)]
+                 for key in FINGERPRINT_KEYS
+                 if key not in skipped and theirs.get(key) != fingerprint.get(key)]
         for key, default in OPTIONAL_KEYS.items():
             mine, other = (f.get(key, default) for f in (fingerprint, theirs))
             if mine != other:
@@ -144,6 +147,8 @@ def check_resume(lines: Sequence[Mapping[str, Any]], fingerprint: Mapping[str, A
         if theirs.get("lens_digest") != fingerprint.get("lens_digest"):
             diffs.append(f"lens_digest (which fitted lens): {theirs.get('lens_digest')!r} "
                          f"there, {fingerprint.get('lens_digest')!r} now")
+        if skipped and not diffs:
+            continue  # AtP runs that differ only in what AtP does not read
         raise RunMismatchError(
             f"{path} holds results of another run ({'; '.join(diffs) or 'other settings'}): "
             "resuming would mix their numbers. Write to another --output, or delete the file "

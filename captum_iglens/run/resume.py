@@ -29,9 +29,9 @@ from captum_iglens.settings import (
     settings_from_record,
 )
 
-__all__ = ["FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings", "input_hash",
-           "lock_holder", "nothing_left", "planned_entries", "record_fields", "resume_mismatch",
-           "settings_mismatch"]
+__all__ = ["ATP_IGNORED", "FINGERPRINT_KEYS", "SETTINGS_KEYS", "fingerprint_settings",
+           "ignored_keys", "input_hash", "lock_holder", "nothing_left", "planned_entries",
+           "record_fields", "resume_mismatch", "settings_mismatch"]
 
 #: The fingerprint entries that must agree for a resume (versions of torch and transformers
 #: are recorded but not compared: an upgrade between two sittings of one run is allowed).
@@ -137,11 +137,25 @@ def planned_entries(settings: Mapping[str, Any], units: str,
     return entries
 
 
+#: Entries attribution patching does not read (first-order: no estimator, no steps).
+ATP_IGNORED = ("method", "n_steps")
+
+
+def ignored_keys(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> tuple[str, ...]:
+    """Fingerprint entries not compared: :data:`ATP_IGNORED` when both runs are AtP runs."""
+    both_atp = all(f.get("effect") == "atp" for f in (theirs, mine))
+    return ATP_IGNORED if both_atp else ()
+
+
 def settings_mismatch(theirs: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
-    """What differs between a line's fingerprint and the planned entries, one item each."""
+    """What differs between a line's fingerprint and the planned entries, one item each.
+
+    Two AtP runs are not told apart by ``method`` or ``n_steps`` (AtP reads neither).
+    """
     diffs = []
+    skipped = ignored_keys(theirs, planned)
     for key in (*FINGERPRINT_KEYS, *OPTIONAL_KEYS):
-        if key not in planned and key not in OPTIONAL_KEYS:
+        if (key not in planned and key not in OPTIONAL_KEYS) or key in skipped:
             continue
         mine = planned.get(key, OPTIONAL_KEYS.get(key))
         other = theirs.get(key, OPTIONAL_KEYS.get(key))

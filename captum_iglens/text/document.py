@@ -250,5 +250,5 @@ def explain_document(lens: IGLens, tokenizer: Any, text: str,
                       token_ids=[ids[p + 1] for p in chosen], positions=chosen,
                       onset_frac=shown.onset_frac, onset_rule=shown.onset_rule,
                       model_name=lens.spec.display_name)
-    result = result_from_output(output, 0, range(len(chosen)), spec, tokenizer)
+    result = result_from_output(output, 0, range(len(chosen)), spec, tokenizer, settings)
     return replace(result, extras={**result.extras, "document": True})

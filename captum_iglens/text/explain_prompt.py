@@ -142,7 +142,7 @@ def explain_ids(
     out, _ = attribute(lens.spec, Forward(ids, target=target, positions=positions,
                                           contrast=foils), settings=chosen, top_k=shown.top_k)
     spec = answer_spec(model, prompt, prompt_ids, answer_ids, shown)
-    return result_from_output(out, 0, range(len(answer_ids)), spec, tokenizer)
+    return result_from_output(out, 0, range(len(answer_ids)), spec, tokenizer, chosen)
 
 
 def answer_spec(model: nn.Module, prompt: str, prompt_ids: Sequence[int],
@@ -273,12 +273,11 @@ def explain(
     Raises:
         TypeError: a prompt that is not text (token ids or a tensor: use
             :meth:`IGLens.attribute` for those).
-        ValueError: empty prompt or target, no prompts, the model generated no token, or
-            the prompt plus ``max_new_tokens`` (or the target) beyond the model's context
-            (the same rule as ``iglens run``:
-            :func:`~captum_iglens.lens.context.check_context`); a ``scope`` or
-            ``grad_drop`` the lens refuses
-            (:func:`~captum_iglens._core.total_effect.check_gate_options`).
+        ValueError: empty prompt or target, no prompts, the model generated no token, the
+            prompt plus ``max_new_tokens`` (or the target) beyond the model's context (as
+            ``iglens run``: :func:`~captum_iglens.lens.context.check_context`); a ``scope``,
+            ``grad_drop``, ``method`` or ``n_steps`` the lens refuses or ignores (AtP takes
+            no steps: :func:`~captum_iglens._core.total_effect.check_gate_options`).
 
     Examples::
 
@@ -293,7 +292,8 @@ def explain(
         internal_batch_size=internal_batch_size, units=units, granularity=granularity,
         heads=heads, effect=effect, scope=scope, grad_drop=grad_drop)
     lens = IGLens(model, layers=layers, lens=layer_readout, **chosen.lens_options())
-    check_gate_options(lens.spec, chosen.scope, chosen.grad_drop)  # before generating
+    check_gate_options(lens.spec, chosen.scope, chosen.grad_drop,  # before generating
+                       chosen.method, chosen.n_steps)
     report = ReportSettings(onset_frac, onset_rule, top_k)
     generation = GenerationSettings(max_new_tokens, chat_template, template_kwargs)
 

@@ -21,6 +21,7 @@ from captum_iglens.results.output import IGLensOutput
 from captum_iglens.settings import (
     DEFAULT_ONSET_FRAC,
     DEFAULT_ONSET_RULE,
+    AttributionSettings,
 )
 from captum_iglens.text.prompts import decode_token, padded_vocab_rows, token_labels
 
@@ -54,7 +55,8 @@ class AnswerSpec:
 
 
 def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec: AnswerSpec,
-                       tokenizer: Any = None) -> IGLensResult:
+                       tokenizer: Any = None,
+                       settings: Optional[AttributionSettings] = None) -> IGLensResult:
     """The :class:`IGLensResult` of row ``row``, explained positions ``columns`` of ``out``.
 
     Args:
@@ -65,6 +67,9 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         spec (AnswerSpec): Sequence, targets and report settings; ``len(spec.token_ids) ==
             T`` (the estimator and its steps are ``out``'s).
         tokenizer (optional): Decodes the answer and its tokens (ids as text without one).
+        settings (AttributionSettings, optional): The settings ``out`` was made with: their
+            ``scope`` and ``grad_drop`` are recorded (``out`` does not hold them). Default:
+            None (the defaults).
 
     Returns:
         IGLensResult: credits ``[T, k]`` and the rest as float32 CPU tensors, in ``out``'s
@@ -110,6 +115,8 @@ def result_from_output(out: IGLensOutput, row: int, columns: Sequence[int], spec
         units=out.units,
         granularity=out.granularity,
         effect=out.effect,
+        scope=(settings or AttributionSettings()).scope,
+        grad_drop=(settings or AttributionSettings()).grad_drop,
         **_head_fields(out, row, cols),
         lens_change=None if out.lens_change is None else as_cpu(out.lens_change[row, cols]),
         lens=out.lens,

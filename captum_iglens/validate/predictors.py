@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from captum_iglens.ig_lens import IGLens
+from captum_iglens.settings import DEFAULT_N_STEPS
 from captum_iglens.validate.metrics import METRICS, half_point, token_metrics
 from captum_iglens.validate.stats import PREDICTORS, SUBSETS, cluster_bootstrap, view_name
 
@@ -68,11 +69,13 @@ def effect_scores(model: nn.Module, input_ids: Sequence[int], positions: Sequenc
             continue
         for effect in effects:
             lens = IGLens(model, effect=effect)
+            # the exact split's steps; AtP is first-order and refuses any
+            steps = EFFECT_STEPS if effect == "total" else DEFAULT_N_STEPS
 
             def run(pos: list[int], ys: list[int]) -> np.ndarray:
                 got = lens.attribute_details(ids, EFFECT_REFERENCES[kind],  # noqa: B023
                                              target=torch.tensor([ys]), positions=pos,
-                                             n_steps=EFFECT_STEPS)
+                                             n_steps=steps)  # noqa: B023
                 return got.attributions[0].double().numpy()
             try:
                 scores = run(list(positions), list(token_ids))

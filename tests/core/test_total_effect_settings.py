@@ -39,16 +39,17 @@ def _fields(out) -> list[torch.Tensor]:
 def test_sequence_scope_through_settings_is_run_total_with_the_keyword(effect, baseline):
     model = make_family("llama", seed=1).eval()
     lens, ids = IGLens(model, effect=effect), _ids()
-    settings = AttributionSettings(baselines=baseline, n_steps=4, effect=effect,
-                                   scope="sequence")
+    steps = {} if effect == "atp" else {"n_steps": 4}  # AtP takes no steps (refused)
+    settings = AttributionSettings(baselines=baseline, effect=effect, scope="sequence",
+                                   **steps)
     got = lens.attribute_details(ids, positions=POSITIONS, settings=settings)
-    want, _ = run_total(lens.spec, ids, baseline, None, None, 4, "prediction_aware", None,
-                        POSITIONS, scope="sequence")
+    want, _ = run_total(lens.spec, ids, baseline, None, None, settings.n_steps,
+                        "prediction_aware", None, POSITIONS, scope="sequence")
     assert all(torch.equal(a, b) for a, b in zip(_fields(got), _fields(want), strict=True))
     # and the setting was read: position scope gives other credits (AtP of the two scopes
     # differs by the earlier positions' gate gradients, test_total_effect_scope.py)
     other = lens.attribute_details(ids, positions=POSITIONS,
-                                   settings=AttributionSettings(baselines=baseline, n_steps=4))
+                                   settings=AttributionSettings(baselines=baseline, **steps))
     assert (got.attributions - other.attributions).abs().max() > 1e-4
 
 

@@ -28,14 +28,15 @@ def _explain(effect: str, **kwargs):
 
 @pytest.mark.parametrize("effect", ["total", "atp"])
 def test_explain_records_effect_method_and_steps(effect: str) -> None:
-    model, result = _explain(effect, n_steps=4)
+    steps = {} if effect == "atp" else {"n_steps": 4}  # AtP takes no steps (refused)
+    model, result = _explain(effect, **steps)
     assert result.effect == effect
     assert (result.method, result.n_steps) == (("atp", 1) if effect == "atp"
                                                else ("prediction_aware", 4))
     # the same numbers as the lens on the teacher-forced sequence
     ids = torch.tensor([result.input_ids[:-1]])
     out = IGLens(model, effect=effect).attribute_details(
-        ids, target=torch.tensor([result.token_ids]), positions=result.positions, n_steps=4)
+        ids, target=torch.tensor([result.token_ids]), positions=result.positions, **steps)
     assert torch.allclose(result.attributions, out.attributions[0], rtol=0, atol=1e-6)
     data = json.loads(result.to_json())
     assert data["effect"] == effect and data["method"] == result.method
@@ -64,7 +65,8 @@ def tiny_load(monkeypatch):
 @pytest.mark.parametrize("effect", ["total", "atp"])
 def test_cli_explain_effect_writes_it_to_json(effect, tiny_load, tmp_path, capsys) -> None:
     path = tmp_path / "out.json"
-    argv = ["explain", "--effect", effect, "--n-steps", "4", "--max-new-tokens", "2",
+    steps = [] if effect == "atp" else ["--n-steps", "4"]  # AtP takes no steps (refused)
+    argv = ["explain", "--effect", effect, *steps, "--max-new-tokens", "2",
             "--no-chat-template", "--json", str(path), PROMPT]
     assert main(argv) == 0
     data = json.loads(path.read_text())
@@ -175,8 +177,8 @@ def test_summary_table_plot_and_html_name_the_effect(effect, name, tiny_load,
                       + json.dumps({"id": "b", "prompt": "w8 w6 w4"}) + "\n")
     out = tmp_path / "out.jsonl"
     assert main(["run", "--input", str(source), "--output", str(out), "--max-new-tokens", "2",
-                 "--no-chat-template", "--no-progress", "--n-steps", "4",
-                 "--effect", effect]) == 0
+                 "--no-chat-template", "--no-progress",
+                 *([] if effect == "atp" else ["--n-steps", "4"]), "--effect", effect]) == 0
     loaded = load_results(str(out))
     records = loaded[0] if isinstance(loaded, tuple) else loaded
     summary = summarize(records, n_boot=20)
