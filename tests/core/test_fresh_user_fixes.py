@@ -113,5 +113,6 @@ def test_the_table_legend_names_a_per_layer_lens() -> None:
     plain = explain(model, tokenizer, "w1 w2 w3 w4", max_new_tokens=2, chat_template=False)
     tuned = explain(model, tokenizer, "w1 w2 w3 w4", max_new_tokens=2, chat_template=False,
                     layer_readout=TunedLens.for_model(model))
-    assert "per-layer lens" in " ".join(tuned.format_table().split())
-    assert "per-layer lens" not in " ".join(plain.format_table().split())
+    words, plain_words = (" ".join(r.format_table().split()) for r in (tuned, plain))
+    assert "lens's readout g_L(h_L)" in words and "tuned" in words  # names the lens
+    assert "g_L(h_L)" not in plain_words and "logit-lens readout f(h_L)" in plain_words
