@@ -221,3 +221,22 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
     assert {c["kind"]: c["status"] for c in saved["lens_addendum"]["cells"]} == {
         "tuned": "ok", "jacobian": "n/a"}
     assert main([*argv, "--lenses", "logit"]) == 2
+
+
+def test_a_jacobian_lens_gives_its_own_rows_and_l2(loaded, cell, tmp_path) -> None:
+    from captum_iglens.lens.fit import fit_jacobian_lens
+
+    model, tok = loaded
+    found, path, pairs = cell
+    corpus = torch.randint(3, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    lens = fit_jacobian_lens(model, corpus, dim_batch=32, progress=False)
+    got, _ = lens_rows.run_lens_cell(model, tok, found, path, pairs, "jacobian", "tiny",
+                                     tmp_path, 20, n_boot_decide=100, lens=lens)
+    assert got["status"] == "ok" and set(got["hypotheses"]) == {"L2"}
+    assert got["fingerprint"]["lens"]["kind"] == "jacobian"
+    credits = np.asarray(got["rows"]["zero"])
+    stored = lens_rows.read_measurements(path)["predictors"]["zero"]["readout credit"]
+    # another readout: other block terms, and lens terms that are not all zero
+    assert np.abs(credits - stored).max() > 0 and np.abs(got["lens_change"]["zero"]).max() > 0
+    name = "readout credit (Jacobian lens)"
+    assert got["scores"]["mean"]["probability"]["decided"][name]["n"] == 6
