@@ -52,7 +52,8 @@ def test_sdist_ships_the_tests_and_what_they_need(sdist_files) -> None:
     for path in ("pytest.ini", "README.md", "LICENSE", "setup.py", "pyproject.toml",
                  "CHANGELOG.md", "captum_iglens/py.typed", "docs/conf.py", "docs/index.md",
                  "docs/_static/vietnam.png", "captum_iglens/data/validation_prompts.jsonl",
-                 "captum_iglens/validate/benchmark/prereg.json"):
+                 "captum_iglens/validate/benchmark/prereg.json",
+                 "captum_iglens/validate/benchmark/prereg_lenses.json"):
         assert path in sdist_files, path
     notebooks = {f"tutorials/{p.name}" for p in (ROOT / "tutorials").glob("*.ipynb")}
     assert notebooks and notebooks <= sdist_files  # tests/test_tutorials.py runs them
@@ -115,7 +116,8 @@ def test_the_wheel_ships_py_typed_the_data_and_the_entry_points(wheel) -> None:
     assert modules <= names, sorted(modules - names)
     assert {"captum_iglens/py.typed", "captum_iglens/data/validation_prompts.jsonl",
             "captum_iglens/data/patching_pairs.jsonl",
-            "captum_iglens/validate/benchmark/prereg.json"} <= names
+            "captum_iglens/validate/benchmark/prereg.json",
+            "captum_iglens/validate/benchmark/prereg_lenses.json"} <= names
     assert not any(name.startswith(("tests/", "docs/")) for name in names)
     assert metadata["Version"] == captum_iglens.__version__
     assert metadata["License-Expression"] == "BSD-3-Clause"

@@ -3,6 +3,7 @@
 iglens benchmark --out bench/                 # the three required families, all three tasks
 iglens benchmark --families smollm2,gemma-3-270m --tasks ioi --max-pairs 100 --out bench/
 iglens benchmark --out bench/ --cost          # the cost model's forwards per cell, no run
+iglens benchmark --out bench/ --lenses tuned,jacobian   # + the lens addendum's rows (L1, L2)
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ DESCRIPTION = (
     "the pre-registered rule, re-run with the file's robustness seeds. Writes "
     "OUT/cells/<family>__<task>.json (skipped on a rerun when its fingerprint matches) with "
     "its measurements beside it (.measurements.json.gz), OUT/benchmark.json, "
-    "OUT/benchmark.md and OUT/benchmark.png."
+    "OUT/benchmark.md and OUT/benchmark.png. With --lenses, the lens addendum "
+    "(prereg_lenses.json) adds the readout credit under each fitted lens, scored against "
+    "the cell's stored drops, in OUT/cells/<family>__<task>__lens-<kind>.json, and its "
+    "hypotheses L1/L2 in a block of their own."
 ).replace("%%", "%")
 EXIT_STATUS = exit_status_help(
     runtime="runtime error: a model could not be loaded, fewer than 2 pairs of a task are "
@@ -82,10 +86,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost", action="store_true",
                         help="print the cost model's forwards per cell and exit (loads the "
                         "models and filters the pairs; runs no intervention)")
+    parser.add_argument("--lenses", action="append", default=None, metavar="KINDS",
+                        help="lens addendum: also score the readout credit under these fitted "
+                        "lenses (tuned, jacobian; comma separated), read from the lens cache "
+                        "(`iglens fit-lens --kind K --model M` fits one; a family without "
+                        "one reads n/a); default: none")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr")
+    opts.add_check(parser, _check_lenses)
     opts.add_check(parser, _check_tasks)
     opts.add_check(parser, _check_models)
+
+
+def _check_lenses(args: argparse.Namespace) -> None:
+    from captum_iglens.validate.benchmark.lens_rows import LENS_KINDS
+
+    args.lenses = _split(args.lenses)
+    bad = [k for k in args.lenses if k not in LENS_KINDS]
+    if bad:
+        raise UsageError(f"--lenses {','.join(bad)}: use {', '.join(LENS_KINDS)} (the logit "
+                         "lens is the readout credit's own row)")
+    if len(set(args.lenses)) != len(args.lenses):
+        raise UsageError("--lenses: a lens kind is named twice")
 
 
 def _check_tasks(args: argparse.Namespace) -> None:
@@ -130,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     from captum_iglens._utils.progress import progress_enabled
     from captum_iglens.validate.benchmark import cost as bench_cost
     from captum_iglens.validate.benchmark import runner
-    from captum_iglens.validate.benchmark import tables as bench_tables
     from captum_iglens.validate.benchmark.families import family_runs_task
     from captum_iglens.validate.benchmark.tasks import task_pairs
 
@@ -138,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "cells").mkdir(parents=True, exist_ok=True)
     settings = {"pairs": args.pairs, "n_boot": args.n_boot, "seed": args.seed,
                 "captum_steps": args.captum_steps}
-    cells = []
+    cells, lens_cells = [], []
     shown = progress_enabled() and not args.no_progress
     todo = [(m, t) for m in args.models for t in args.tasks
             if family_runs_task(m, t)]
@@ -167,15 +188,48 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"{family} / {name}: reused {path}", file=sys.stderr)
         cells.append(cell)
+        lens_cells += _lens_cells(args, model.eval(), tokenizer, cell, path, pairs, spec,
+                                  shown)
     if args.cost:
         return 0
+    _write(out, cells, lens_cells, bool(args.lenses))
+    return 0
+
+
+def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell: dict,
+                path: Path, pairs: list, spec: str, shown: bool) -> list[dict]:
+    """The lens addendum's files of one cell, one per ``--lenses`` kind."""
+    from captum_iglens.validate.benchmark import lens_rows
+
+    found_all = []
+    for kind in args.lenses:
+        found, reused = lens_rows.run_lens_cell(model, tokenizer, cell, path, pairs, kind,
+                                                spec, Path(args.out), args.n_boot,
+                                                progress=shown)
+        where = f"{cell['family']} / {cell['task']} / {kind} lens"
+        if reused:
+            print(f"{where}: reused", file=sys.stderr)
+        elif found["status"] != "ok":
+            print(f"{where}: {found['message']}", file=sys.stderr)
+        found_all.append(found)
+    return found_all
+
+
+def _write(out: Path, cells: list, lens_cells: list, lenses: bool) -> None:
+    """OUT/benchmark.json, .md and .png (the lens addendum's block when ``lenses``)."""
+    from captum_iglens.validate.benchmark import tables as bench_tables
+
     tables = bench_tables.markdown_tables(cells)
-    (out / "benchmark.json").write_text(json.dumps({"cells": cells}, indent=1),
-                                        encoding="utf-8")
+    saved: dict = {"cells": cells}
+    if lenses:  # the addendum's block, apart from the pre-registration's tables
+        tables["lenses"] = bench_tables.lens_tables(cells, lens_cells)
+        saved["lens_addendum"] = bench_tables.lens_json(lens_cells)
+    (out / "benchmark.json").write_text(json.dumps(saved, indent=1), encoding="utf-8")
     (out / "benchmark.md").write_text("\n\n".join(tables.values()) + "\n", encoding="utf-8")
-    bench_tables.figure(cells, out / "benchmark.png")
+    bench_tables.figure(cells, out / "benchmark.png", lens_cells)
     print(tables["patch"])
     print(tables["hypotheses"])
+    if lenses:
+        print(tables["lenses"])
     print(f"wrote {out / 'benchmark.json'}, {out / 'benchmark.md'} and "
           f"{out / 'benchmark.png'}", file=sys.stderr)
-    return 0

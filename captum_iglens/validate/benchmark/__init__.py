@@ -8,5 +8,8 @@ block updates, three units), :mod:`~captum_iglens.validate.benchmark.predict` th
 model-based predictors, :mod:`~captum_iglens.validate.benchmark.analysis` the statistics
 and decisions, and :mod:`~captum_iglens.validate.benchmark.runner` a (family, task) cell,
 its tables, figure and cost model (``iglens benchmark``). ``DEVIATIONS.md`` beside them
-lists where the code departs from the file, and why.
+lists where the code departs from the file, and why. The lens addendum
+``prereg_lenses.json`` (:mod:`~captum_iglens.validate.benchmark.addendum`) pre-states the
+readout credit under a tuned and a Jacobian lens, computed and scored on a cell's stored
+measurements by :mod:`~captum_iglens.validate.benchmark.lens_rows` (``--lenses``).
 """

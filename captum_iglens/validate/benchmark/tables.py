@@ -18,7 +18,7 @@ from captum_iglens.validate.benchmark.analysis import (
 )
 from captum_iglens.validate.benchmark.decide import load_preregistration
 
-__all__ = ["figure", "hypotheses_table", "markdown_tables"]
+__all__ = ["figure", "hypotheses_table", "lens_json", "lens_tables", "markdown_tables"]
 
 
 def _fmt(s: Any) -> str:
@@ -67,6 +67,91 @@ def markdown_tables(cells: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return out
 
 
+def _verdict(found: Mapping[str, Any]) -> str:
+    value, mde = found.get("value", math.nan), found.get("mde", math.nan)
+    text = str(found["verdict"])
+    if math.isfinite(value):
+        text += f" ({value:+.3g}; {mde:.2g}; {found.get('n_tokens', 0)})"
+    if found.get("unstable"):
+        text += " unstable"
+    return text
+
+
+def _lens_index(lens_cells: Sequence[Mapping[str, Any]]) -> dict[tuple, Mapping[str, Any]]:
+    return {(c["family"], c["task"], c["kind"]): c for c in lens_cells}
+
+
+def lens_tables(cells: Sequence[Mapping[str, Any]],
+                lens_cells: Sequence[Mapping[str, Any]]) -> str:
+    """The lens addendum's block (Markdown): its rows per intervention, infidelity, L1/L2.
+
+    One table per single-block intervention (primary unit, decided view, as
+    :func:`markdown_tables`) holding the logit lens's readout credit and each lens's row,
+    the infidelity, and the addendum's hypotheses decided at its own level; a family
+    without a fitted lens reads ``n/a (no fitted lens)``.
+    """
+    from captum_iglens.validate.benchmark.addendum import load_lens_addendum
+
+    add = load_lens_addendum()
+    index = _lens_index(lens_cells)
+    kinds = [p for p in add.addendum["predictors"]
+             if any(c["kind"] == p["kind"] for c in lens_cells)]
+    names = ["readout credit"] + [p["name"] for p in kinds]
+
+    def entry(cell: Mapping[str, Any], name: str, get: Any) -> Any:
+        if name == "readout credit":
+            return get(cell, name)
+        kind = next(p["kind"] for p in kinds if p["name"] == name)
+        found = index.get((cell["family"], cell["task"], kind))
+        if found is None:
+            return "not run"
+        if found["status"] != "ok":
+            return "n/a (no fitted lens)"
+        return get(found, name)
+
+    blocks = [f"## Lens addendum ({add.source}, written {add.addendum['date']} before any "
+              "benchmark run with a tuned or Jacobian lens; scored on the cells' stored "
+              "drops; its own Bonferroni correction over "
+              f"{add.n_cells} cells)"]
+    for kind in INTERVENTIONS:
+        unit = PRIMARY_UNIT(add, kind)
+        blocks.append(_table(
+            f"lens addendum, {kind} ({unit}): mean per-token Spearman rho [95% CI] (n)",
+            names, cells, lambda c, name, k=kind, u=unit: entry(
+                c, name, lambda x, nm: x["scores"].get(k, {}).get(u, {}).get(
+                    "decided", {}).get(nm, "not measured"))))
+    blocks.append(_table("lens addendum, magnitude: infidelity (probability^2) [95% CI] (n)",
+                         names, cells, lambda c, name: entry(
+                             c, name, lambda x, nm: x["magnitude"].get(nm, "not measured"))))
+    heads = [f"{c['family']} / {c['task']}" for c in cells]
+    lines = ["| lens addendum hypothesis (verdict (mean; MDE; n)) | " + " | ".join(heads)
+             + " |", "| --- |" + " --- |" * len(cells)]
+    for h in add.hypotheses:
+        kind = next(p["kind"] for p in add.addendum["predictors"]
+                    if p["name"] == h["predictor"])
+        row = []
+        for cell in cells:
+            found = index.get((cell["family"], cell["task"], kind))
+            row.append("not run" if found is None else _verdict(
+                found.get("hypotheses", {}).get(h["id"], {"verdict": "n/a"})))
+        lines.append(f"| {h['id']} {h['statement']} | " + " | ".join(row) + " |")
+    blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def lens_json(lens_cells: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The addendum's part of ``benchmark.json``: its source, SHA-256 and the lens cells.
+
+    The per-pair rows stay in the lens files.
+    """
+    from captum_iglens.validate.benchmark.addendum import load_lens_addendum
+
+    add = load_lens_addendum()
+    return {"addendum": add.source, "sha256": add.sha256, "n_cells": add.n_cells,
+            "cells": [{k: v for k, v in c.items() if k not in ("rows", "lens_change")}
+                      for c in lens_cells]}
+
+
 def hypotheses_table(cells: Sequence[Mapping[str, Any]]) -> str:
     """Hypotheses x (family, task): the verdict, the mean difference, its MDE and n."""
     prereg = load_preregistration()
@@ -88,10 +173,13 @@ def hypotheses_table(cells: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def figure(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
+def figure(cells: Sequence[Mapping[str, Any]], path: Path,
+           lens_cells: Sequence[Mapping[str, Any]] = ()) -> Path:
     """Heat maps of the mean rho, predictors x (family, task), one panel per intervention.
 
-    Written with matplotlib's Agg backend to ``path`` (PNG); returns ``path``.
+    With ``lens_cells`` (the lens addendum), its rows follow, labelled ``addendum: ...``
+    (blank where a family has no fitted lens). Written with matplotlib's Agg backend to
+    ``path`` (PNG); returns ``path``.
     """
     import matplotlib
 
@@ -100,20 +188,27 @@ def figure(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
     prereg = load_preregistration()
     names = predictor_names(prereg)
+    index = _lens_index(lens_cells)
+    extra = sorted({(c["kind"], c["name"]) for c in lens_cells})
+    labels = names + [f"addendum: {name}" for _, name in extra]
     heads = [f"{c['family']}\n{c['task']}" for c in cells]
     fig, axes = plt.subplots(1, len(INTERVENTIONS), figsize=(3.2 * len(INTERVENTIONS) + 3, 5),
                              sharey=True, squeeze=False)
     for ax, kind in zip(axes[0], INTERVENTIONS, strict=True):
         unit = PRIMARY_UNIT(prereg, kind)
-        grid = np.full((len(names), len(cells)), np.nan)
+        grid = np.full((len(labels), len(cells)), np.nan)
         for j, cell in enumerate(cells):
             view = cell["scores"].get(kind, {}).get(unit, {}).get("decided", {})
             for i, name in enumerate(names):
                 grid[i, j] = view.get(name, {}).get("mean", np.nan)
+            for i, (lens_kind, name) in enumerate(extra, start=len(names)):
+                found = index.get((cell["family"], cell["task"], lens_kind), {})
+                grid[i, j] = found.get("scores", {}).get(kind, {}).get(unit, {}).get(
+                    "decided", {}).get(name, {}).get("mean", np.nan)
         image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
         ax.set_title(f"{kind}\n({unit})", fontsize=9)
         ax.set_xticks(range(len(cells)), heads, fontsize=7, rotation=90)
-        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
     fig.colorbar(image, ax=axes[0].tolist(), label="mean per-token Spearman rho")
     path = Path(path)
     fig.savefig(path, dpi=120, bbox_inches="tight")
