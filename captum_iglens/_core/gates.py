@@ -59,12 +59,12 @@ class _DropGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, before: Tensor, hidden: Tensor, keep: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, before: Tensor, hidden: Tensor, keep: Tensor) -> Tensor:
         ctx.save_for_backward(keep)
         return hidden.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         (keep,) = ctx.saved_tensors
         keep = keep.to(grad)[:, None]
         return grad * (1 - keep), grad * keep, None
