@@ -190,7 +190,7 @@ class IGLens(GradientAttribution):
     ) -> Tensor: ...
 
     @log_usage()
-    def attribute(  # type: ignore[override]
+    def attribute(
         self,
         inputs: Tensor,
         baselines: BaselineSpec = DEFAULT_BASELINE,
@@ -338,7 +338,7 @@ class IGLens(GradientAttribution):
         return True
 
     @log_usage()
-    def compute_convergence_delta(  # type: ignore[override]
+    def compute_convergence_delta(
         self,
         attributions: Tensor,
         start_point: Optional[BaselineSpec],

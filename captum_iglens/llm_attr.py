@@ -104,7 +104,7 @@ class LLMIGLensAttribution(LLMGradientAttribution):
             # caller's instance instead of Captum's copy with a swapped forward function.
             self.attr_method = attr_method
 
-    def attribute(  # type: ignore[override]
+    def attribute(
         self,
         inp: InterpretableInput,
         target: Union[str, Tensor, None] = None,

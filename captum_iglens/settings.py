@@ -50,6 +50,7 @@ __all__ = [
     "VALIDATE_DONORS",
     "VALIDATE_MAX_NEW_TOKENS",
     "VALIDATE_THRESHOLD",
+    "method_is_exact",
     "method_min_steps",
     "methods",
     "AttributionSettings",
@@ -94,6 +95,18 @@ def method_min_steps(method: str) -> Optional[int]:
     if rows is not None:
         return rows[method].min_steps if method in rows else None
     return BUILTIN_MIN_STEPS.get(method)
+
+
+def method_is_exact(method: Optional[str]) -> bool:
+    """Whether ``method``'s registry row is exact (its credits add up at any ``n_steps``).
+
+    The live row once the registry is loaded, the built-in rows before (the default
+    estimator is the exact one); ``False`` for an unknown name or ``None``.
+    """
+    rows = _live_rows()
+    if rows is not None:
+        return method in rows and bool(rows[method].exact)
+    return method == DEFAULT_METHOD  # the one exact built-in row
 
 
 class _LiveMethods(Sequence):

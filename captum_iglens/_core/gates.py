@@ -59,12 +59,12 @@ class _DropGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, before: Tensor, hidden: Tensor, keep: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, before: Tensor, hidden: Tensor, keep: Tensor) -> Tensor:
         ctx.save_for_backward(keep)
         return hidden.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
         (keep,) = ctx.saved_tensors
         keep = keep.to(grad)[:, None]
         return grad * (1 - keep), grad * keep, None
@@ -102,10 +102,18 @@ def _grad_drop_hooks(blocks: nn.ModuleList, drop: Tensor) -> Iterator[None]:
 
 
 @contextmanager
-def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
-                ) -> Iterator[None]:
-    """Hooks that gate block ``layers[j]``'s update at the last position by ``gates[:, j]``."""
+def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], gates: Tensor,
+                references: Tensor, defined: Optional[Tensor] = None) -> Iterator[None]:
+    """Hooks gating block ``layers[j]``'s update by ``gates[:, j]`` at the last ``P`` positions.
+
+    ``gates`` ``[R, k]``; ``references`` ``[R or 1, k, P, d]``, each row's (or every row's)
+    reference update of block ``layers[j]`` at each of the forward's last ``P`` positions
+    (``P = 1``: the explained position of a single-position forward; ``P = S``: every
+    position, ``scope="sequence"``); ``defined`` ``[P]`` bool (False: that position's update
+    stays clean), ``None``: all gated. Earlier positions pass through unchanged.
+    """
     inputs: dict[int, Tensor] = {}
+    window = references.shape[2]
 
     def pre(layer: int) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -115,11 +123,16 @@ def _gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], rows: GateRows
     def post(j: int, layer: int) -> Callable[..., object]:
         def hook(_m: nn.Module, _a: tuple, output: object) -> object:
             hidden = hidden_of(output)
-            before = inputs[layer][:, -1]
-            ref = rows.references[:, j].to(hidden)
-            gate = rows.gates[:, j, None].to(hidden)
-            last = before + ref + gate * (hidden[:, -1] - before - ref)
-            return with_hidden(output, torch.cat([hidden[:, :-1], last[:, None]], dim=1))
+            first = hidden.shape[1] - window
+            before, now = inputs[layer][:, first:], hidden[:, first:]
+            ref = references[:, j].to(hidden)
+            gate = gates[:, j, None, None].to(hidden)
+            gated = before + ref + gate * (now - before - ref)
+            if defined is not None:
+                gated = torch.where(defined.to(hidden.device)[None, :, None], gated, now)
+            if first:
+                gated = torch.cat([hidden[:, :first], gated], dim=1)
+            return with_hidden(output, gated)
         return hook
 
     with held_hooks() as hooks:
@@ -175,7 +188,7 @@ def gated_values(
         kwargs["position_ids"] = position_id
     gates = rows.gates.detach().requires_grad_(grad)
     live = GateRows(gates, rows.references, rows.ids, rows.log)
-    hooks = (_gate_hooks(blocks, layers, live) if site is None
+    hooks = (_gate_hooks(blocks, layers, gates, rows.references[:, :, None]) if site is None
              else sublayer_gate_hooks(blocks, layers, site, live, probe))
     if probe is not None:
         probe.probes = probe.probes.detach().requires_grad_(grad)
@@ -193,39 +206,6 @@ def gated_values(
         grads, at_mid = torch.autograd.grad(values.sum(), [gates, probe.probes])
     probe.grads = probe.head_gradients(blocks, layers, at_mid, grads[:, 0::2])
     return values.detach(), grads
-
-
-@contextmanager
-def _sequence_gate_hooks(blocks: nn.ModuleList, layers: Sequence[int], gates: Tensor,
-                         references: Tensor, defined: Tensor) -> Iterator[None]:
-    """Hooks gating block ``layers[j]``'s update at *every* position by ``gates[:, j]``.
-
-    ``references`` ``[k, S, d]``, ``defined`` ``[S]`` bool (False: the update stays clean).
-    """
-    inputs: dict[int, Tensor] = {}
-
-    def pre(layer: int) -> Callable[..., None]:
-        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
-            inputs[layer] = args[0] if args else kwargs["hidden_states"]
-        return hook
-
-    def post(j: int, layer: int) -> Callable[..., object]:
-        def hook(_m: nn.Module, _a: tuple, output: object) -> object:
-            hidden = hidden_of(output)
-            before = inputs[layer]
-            ref = references[j].to(hidden)[None]
-            gate = gates[:, j, None, None].to(hidden)
-            gated = before + ref + gate * (hidden - before - ref)
-            return with_hidden(output, torch.where(defined.to(hidden.device)[None, :, None],
-                                                   gated, hidden))
-        return hook
-
-    with held_hooks() as hooks:
-        for j, layer in enumerate(layers):
-            block = blocks[layer - 1]
-            hooks.pre(block, pre(layer), with_kwargs=True)
-            hooks.forward(block, post(j, layer))
-        yield
 
 
 def sequence_gated_values(
@@ -259,7 +239,7 @@ def sequence_gated_values(
     kwargs = {k: v.expand(n_rows, *v.shape[1:]) if isinstance(v, Tensor) else v
               for k, v in forward_kwargs.items()}
     gates = rows.gates.detach().requires_grad_(True)
-    with torch.enable_grad(), _sequence_gate_hooks(blocks, layers, gates, references, defined):
+    with torch.enable_grad(), _gate_hooks(blocks, layers, gates, references[None], defined):
         logits = model(input_ids.expand(n_rows, -1), **kwargs).logits[:, -1]
         values = lens_values(wide_log_softmax(logits), rows.ids, rows.log)
         (grads,) = torch.autograd.grad(values.sum(), gates)

@@ -127,7 +127,7 @@ def check_top_k(top_k: object, vocab: Optional[int]) -> None:
     Raises:
         ValueError: naming the value.
     """
-    if not is_int(top_k) or not 0 <= top_k <= (vocab or top_k):  # type: ignore[operator]
+    if not is_int(top_k) or not 0 <= top_k <= (vocab or top_k):
         raise ValueError(f"top_k must be an int in 0..V, got {top_k!r}")
 
 

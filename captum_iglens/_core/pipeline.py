@@ -46,7 +46,7 @@ def check_estimator(method: str, n_steps: object) -> None:
     if method not in ESTIMATORS:
         raise ValueError(f"Unknown method {method!r}: use one of {tuple(ESTIMATORS)}.")
     least = ESTIMATORS[method].min_steps
-    if not is_int(n_steps) or n_steps < least:  # type: ignore[operator]
+    if not is_int(n_steps) or n_steps < least:
         raise ValueError(f"n_steps must be an int >= {least} for method={method!r}, got "
                          f"{n_steps!r}.")
     if not ESTIMATORS[method].exact and torch.is_inference_mode_enabled():

@@ -24,6 +24,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from captum_iglens._core.estimators import is_exact
 from captum_iglens._core.gates import GateRows, gated_values, sequence_gated_values
 from captum_iglens._core.request import PathRequest
 from captum_iglens._core.sublayer_gates import HeadProbe
@@ -64,7 +65,7 @@ def _split(values: Tensor, grads: Tensor, method: str, effect: str, alphas: Tens
     if effect == "atp":
         return (grads[0].to(values.dtype), values[1], values[0],
                 None if heads is None else heads[0])
-    if method == "prediction_aware":
+    if is_exact(method):
         wide = values.double()
         steps = split_steps(wide[1:] - wide[:-1], grads, alphas.to(values.device))  # [T, k']
         split = None if heads is None else split_steps(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from captum_iglens._core.estimators import is_exact
 from captum_iglens._utils.captum_compat import approximation_parameters
 
 __all__ = ["exact_split", "gradient_credits", "path_points", "split_steps"]
@@ -42,7 +43,7 @@ def path_points(method: str, n_steps: int, effect: str) -> tuple[Tensor, Tensor]
     if effect == "atp":
         return torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor(
             [1.0, 0.0], dtype=torch.float64)
-    if method == "prediction_aware":
+    if is_exact(method):
         alphas = torch.linspace(0.0, 1.0, n_steps + 1, dtype=torch.float64)
         return alphas, torch.zeros_like(alphas)
     step_sizes_fn, alphas_fn = approximation_parameters(method)

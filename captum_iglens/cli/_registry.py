@@ -34,13 +34,13 @@ class Command(Protocol):
 
 #: Command name -> leaf module, in the order ``iglens --help`` lists them.
 COMMANDS: dict[str, Command] = {
-    "explain": explain,  # type: ignore[dict-item]
-    "compare": compare,  # type: ignore[dict-item]
-    "validate": validate,  # type: ignore[dict-item]
-    "run": run,  # type: ignore[dict-item]
-    "summarize": summarize,  # type: ignore[dict-item]
-    "benchmark": benchmark,  # type: ignore[dict-item]
-    "fit-lens": fit_lens,  # type: ignore[dict-item]
+    "explain": explain,
+    "compare": compare,
+    "validate": validate,
+    "run": run,
+    "summarize": summarize,
+    "benchmark": benchmark,
+    "fit-lens": fit_lens,
 }
 
 #: The command that ``iglens PROMPT ...`` (no command name first) runs.

@@ -266,11 +266,12 @@ def run(args: argparse.Namespace) -> int:
     procs = processes()
     model, tokenizer = load(args.model, device_map=args.device_map)
     model = _place(model, args, procs)
-    layers = layer_opts.resolve_layers(args, len(resolve_decoder_blocks(model)))
+    blocks = resolve_decoder_blocks(model)  # located once: the lens takes them
+    layers = layer_opts.resolve_layers(args, len(blocks))
     if procs.is_main:
         opts.warn_unused_template_date(args, tokenizer)
-    lens = IGLens(model, layers=layers, units=args.units, granularity=args.granularity,
-                  effect=args.effect, lens=args.lens)
+    lens = IGLens(model, layers=layers, decoder_blocks=blocks, units=args.units,
+                  granularity=args.granularity, effect=args.effect, lens=args.lens)
     settings = RunSettings(
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template, template_kwargs=opts.template_kwargs(args),

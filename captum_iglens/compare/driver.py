@@ -39,7 +39,7 @@ from captum_iglens.compare.runners import (
     target_probability_forward,
 )
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import display_name, strip_parallel, vocab_size
+from captum_iglens.lens.architectures import strip_parallel, vocab_size
 from captum_iglens.lens.hooks import residual_tap
 from captum_iglens.lens.state import forward_parameters, input_device, model_state_preserved
 from captum_iglens.results import CompletenessBatch, CompletenessReport, MethodCompleteness
@@ -84,8 +84,8 @@ def _mask(additional_forward_args: Any, inputs: Tensor) -> Tensor:
 
 
 def _targets(model: nn.Module, inputs: Tensor, mask: Tensor, positions: list[int],
-             target: TargetSpec) -> tuple[Tensor, str]:
-    """Target ids ``[B, P]`` (checked like IGLens's) and where they came from."""
+             target: TargetSpec, vocab: Optional[int]) -> tuple[Tensor, str]:
+    """Target ids ``[B, P]`` (checked like IGLens's against ``vocab``) and their source."""
     batch, n_pos = inputs.shape[0], len(positions)
     default = torch.zeros(batch, n_pos, dtype=torch.long)
     if target is None:
@@ -95,7 +95,7 @@ def _targets(model: nn.Module, inputs: Tensor, mask: Tensor, positions: list[int
         with torch.no_grad():
             logits = model(input_ids=inputs, **kwargs).logits
         default = logits[:, positions].argmax(-1).reshape(batch, n_pos).cpu()
-    tgt = normalise_target(target, batch, n_pos, default, vocab_size(model) or 1)
+    tgt = normalise_target(target, batch, n_pos, default, vocab or 1)
     return tgt, "model argmax" if target is None else "given"
 
 
@@ -218,7 +218,8 @@ def compare_completeness(
                     captum_method=captum_method, internal_batch_size=internal_batch_size)
     batch = inputs.shape[0]
     with model_state_preserved(model):
-        targets, source = _targets(model, inputs, mask, positions, target)
+        targets, source = _targets(model, inputs, mask, positions, target,
+                                   lens.spec.vocab_size)
         reports = [
             _compare_one(lens, inputs[b:b + 1], reference[b:b + 1], mask[b:b + 1], pos,
                          int(targets[b, j]), _row(lens_baseline, b, batch), methods, settings,
@@ -254,7 +255,7 @@ def _compare_one(
         f_input=f_x, f_baseline=f_b, n_steps=settings["n_steps"],
         lens_baseline=_baseline_name(lens_baseline),
         baseline_description=describe_input_baseline(reference, inputs, tokenizer),
-        model_name=display_name(model),
+        model_name=lens.spec.display_name,
     )
     for name in methods:
         label, runner = COMPARE_RUNNERS[name]

@@ -21,7 +21,6 @@ from captum_iglens._core.inputs import position_ids_from_mask
 from captum_iglens._utils.progress import progress_bar
 from captum_iglens._utils.typing import BaselineSpec
 from captum_iglens.ig_lens import IGLens
-from captum_iglens.lens.architectures import input_embeddings
 from captum_iglens.lens.hooks import residual_tap
 from captum_iglens.lens.state import forward_parameters
 from captum_iglens.results import MethodCompleteness
@@ -120,7 +119,7 @@ def _captum_layer(ctx: CompareContext, name: str, label: str) -> MethodCompleten
     forward = target_probability_forward(ctx.model, ctx.position, ctx.target, use_embeds)
     x, xb = ctx.inputs, ctx.reference
     if use_embeds:
-        embed = input_embeddings(ctx.model)
+        embed = ctx.lens.spec.input_embeddings
         with torch.no_grad():
             x, xb = embed(x), embed(xb)  # type: ignore[misc]  # a causal LM has input embeddings
     per_layer, deltas, times, abs_sums, sizes = [], [], [], [], []

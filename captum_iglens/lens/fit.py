@@ -205,7 +205,7 @@ def fit_jacobian_lens(model: nn.Module, ids: Tensor, *, skip_first: int = 1,
         for row in progress_bar(ids, desc="fitting the Jacobian lens", unit="prompt",
                                 enabled=progress):
             total += _jacobian_of_prompt(model, blocks, row, valid, min(dim_batch, d))
-    lens.jacobians.copy_(total / ids.shape[0])  # type: ignore[operator]
+    lens.jacobians.copy_(total / ids.shape[0])
     return lens
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from captum_iglens.settings import (
-    CAPTUM_METHODS,
     DEFAULT_EFFECT,
     DEFAULT_GRANULARITY,
     DEFAULT_LENS,
@@ -26,6 +25,7 @@ from captum_iglens.settings import (
     AttributionSettings,
     GenerationSettings,
     ReportSettings,
+    method_is_exact,
     settings_from_record,
 )
 
@@ -128,7 +128,8 @@ def planned_entries(settings: Mapping[str, Any], units: str,
     for key in SETTINGS_KEYS:
         entries[key] = _jsonable(settings.get(key))
     effect = settings_from_record(settings).effect  # the default when absent
-    if effect == DEFAULT_EFFECT and entries["method"] not in CAPTUM_METHODS:
+    method = entries["method"]
+    if effect == DEFAULT_EFFECT and (method is None or method_is_exact(method)):
         entries["n_steps"] = None  # an exact readout estimator does not depend on it
     for key, default in OPTIONAL_KEYS.items():
         value = settings.get(key) or default

@@ -10,12 +10,26 @@ of the paper's Proposition 1, arXiv:2606.29693). :func:`compare` raises
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import replace
+from functools import cached_property
+from typing import Any, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from captum_iglens.ig_lens import IGLens
+from captum_iglens._core.entry import Forward, attribute
+from captum_iglens._utils.typing import BaselineSpec
+from captum_iglens.lens.layer_readout import LogitLens
+from captum_iglens.lens.layers import resolve_layer_indices
+from captum_iglens.lens.spec import LensSpec
+from captum_iglens.results import IGLensOutput
+from captum_iglens.settings import (
+    DEFAULT_BASELINE,
+    DEFAULT_EFFECT,
+    DEFAULT_GRANULARITY,
+    DEFAULT_UNITS,
+    AttributionSettings,
+)
 from captum_iglens.validate.ablation_hooks import hooked, target_probs
 
 __all__ = ["AblationCheckError", "AblationChecks", "compare"]
@@ -54,10 +68,11 @@ def compare(name: str, value: Tensor, reference: Tensor, tolerance: float) -> fl
 class AblationChecks:
     """The built-in checks of an ablation.
 
-    For a class with ``model``, ``blocks``, ``tolerance``, ``_can_keep`` and ``_device()``:
-    :class:`~captum_iglens.validate.ablation.BlockAblation`.
+    For a class with ``spec``, ``model``, ``blocks``, ``tolerance``, ``_can_keep`` and
+    ``_device()``: :class:`~captum_iglens.validate.ablation.BlockAblation`.
     """
 
+    spec: LensSpec
     model: Any
     blocks: Any
     tolerance: float
@@ -80,12 +95,52 @@ class AblationChecks:
         if "zero" in out.drops:
             if last_credit is None:
                 ids = trace.input_ids[: max(out.positions) + 1][None].to(self._device())
-                details = IGLens(self.model).attribute_details(
-                    ids, target=out.target[None].to(ids.device), positions=out.positions)
+                details = self.credit_details(ids, out.target[None].to(ids.device),
+                                              out.positions)
                 last_credit = details.attributions[0, :, -1]
             errors["last_block"] = self._compare(
                 "zero-ablation drop of the last block vs its IG-Lens credit",
                 out.drops["zero"][:, -1], last_credit)
+
+    @cached_property
+    def credit_spec(self) -> LensSpec:
+        """The lens of the checks' IG-Lens credits: ``IGLens(model)``'s, built once.
+
+        :attr:`spec`'s model, blocks and readout (not located again) with ``IGLens``'s
+        defaults: all ``n`` blocks, probability units, block nodes, the readout effect and
+        the logit lens, whatever ``spec`` chose (the checks compare the last block's credit
+        ``f(h_n) - f(h_{n-1})`` with its zero ablation).
+        """
+        spec = self.spec
+        return replace(
+            spec, layer_indices=resolve_layer_indices(None, spec.decoder_blocks,
+                                                      spec.input_embeddings),
+            units=DEFAULT_UNITS, check_readout=True, granularity=DEFAULT_GRANULARITY,
+            heads=False, half_site=None, head_site=None, effect=DEFAULT_EFFECT,
+            lens=LogitLens(spec.readout))
+
+    def credit_details(self, inputs: Tensor, target: Tensor, positions: Sequence[int],
+                       baselines: BaselineSpec = DEFAULT_BASELINE,
+                       contrast: Optional[Tensor] = None) -> IGLensOutput:
+        """IG-Lens details of :attr:`credit_spec`, as ``IGLens(model).attribute_details``.
+
+        Args:
+            inputs (Tensor): ``[B, S]`` int64 token ids, on the model's device.
+            target (Tensor): ``[B, P]`` int64 target ids.
+            positions (sequence of int): The ``P`` explained positions.
+            baselines (optional): As :meth:`~captum_iglens.IGLens.attribute`'s. Default:
+                ``"mean"``.
+            contrast (Tensor, optional): ``[B, P]`` foil ids (``F = p(y) - p(foil)``).
+
+        Returns:
+            IGLensOutput: ``[B, P, n]`` credits (default estimator and steps).
+
+        Raises:
+            ValueError: as :meth:`~captum_iglens.IGLens.attribute`.
+        """
+        source = Forward(inputs, target, list(positions), contrast=contrast)
+        return attribute(self.credit_spec, source,
+                         settings=AttributionSettings(baselines=baselines))[0]
 
     def _full_forward(self, trace: Any, out: Any, repl: Tensor,
                       spot: int) -> tuple[Tensor, Tensor]:

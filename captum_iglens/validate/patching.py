@@ -33,7 +33,6 @@ import torch
 from torch import Tensor
 
 from captum_iglens._core.onset import onset_layer_indices
-from captum_iglens.ig_lens import IGLens
 from captum_iglens.settings import DEFAULT_ONSET_FRAC, DEFAULT_ONSET_RULE
 from captum_iglens.validate.ablation import BlockAblation, ResidualTrace
 from captum_iglens.validate.ablation_checks import compare
@@ -140,9 +139,9 @@ def _lens_terms(ablation: BlockAblation, clean: Tensor, corrupted: Tensor, pos: 
                 ids: Tensor, trace: ResidualTrace) -> tuple[Any, Tensor]:
     """Contrastive IG-Lens details from the corrupted reference, and the direct effects."""
     device = ablation._device()
-    details = IGLens(ablation.model).attribute_details(
-        clean[None].to(device), baselines=corrupted[None].to(device),
-        target=ids[:1].reshape(1, 1), contrast=ids[1:].reshape(1, 1), positions=[pos])
+    details = ablation.credit_details(
+        clean[None].to(device), ids[:1].reshape(1, 1), [pos],
+        baselines=corrupted[None].to(device), contrast=ids[1:].reshape(1, 1))
     h_n = trace.hidden[pos, -1]
     points = torch.cat([h_n[None], h_n[None] - trace.updates[pos]])
     with eval_mode(ablation.model):

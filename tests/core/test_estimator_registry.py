@@ -8,6 +8,8 @@ records.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from conftest import make_tiny
@@ -17,6 +19,8 @@ from captum_iglens._core.baseline_rows import BASELINE_ROWS, gate_references
 from captum_iglens._core.capture import recorded_layers
 from captum_iglens._core.estimators import ESTIMATORS, METHODS
 from captum_iglens.cli import UsageError, parse_args
+from captum_iglens.run.fingerprint import run_fingerprint
+from captum_iglens.run.resume import planned_entries
 
 
 @pytest.fixture
@@ -57,6 +61,32 @@ def test_a_registered_estimator_is_live_everywhere(registered) -> None:
     ids = torch.tensor([[3, 4, 5, 6]])
     with pytest.raises(ValueError, match=">= 3"):
         IGLens(model).attribute(ids, method=registered, n_steps=2)
+
+
+def test_the_exact_flag_is_read_from_the_row(registered, monkeypatch) -> None:
+    """``settings.method_is_exact`` (resume's reader, no torch needed) says what each row
+    says; resume's planned entries and the run's fingerprint then drop ``n_steps`` for the
+    same rows (a registered gradient rule keeps it: its credits depend on it)."""
+    gradient = "gradient_rule_registry_test"
+    register_estimator(gradient, lambda *a: None, exact=False)
+    try:
+        for name, row in ESTIMATORS.items():
+            assert settings.method_is_exact(name) is row.exact, name
+        assert settings.method_is_exact(registered) and not settings.method_is_exact(gradient)
+        assert not settings.method_is_exact("no_such_estimator_test")
+        model = make_tiny("llama").eval()
+        for name, kept in ((registered, None), (settings.DEFAULT_METHOD, None),
+                           (gradient, 7), ("riemann_left", 7)):
+            chosen = {"method": name, "n_steps": 7}
+            assert planned_entries(chosen, "probability")["n_steps"] == kept, name
+            assert run_fingerprint(model, layers=[1, 2], units="probability",
+                                   settings=chosen)["n_steps"] == kept
+        # before the registry is imported (iglens run's checks before the load)
+        monkeypatch.delitem(sys.modules, "captum_iglens._core.estimators")
+        assert {n: settings.method_is_exact(n) for n in settings.BUILTIN_MIN_STEPS} == {
+            n: ESTIMATORS[n].exact for n in settings.BUILTIN_MIN_STEPS}
+    finally:
+        ESTIMATORS.pop(gradient, None)
 
 
 def test_an_unregistered_method_is_refused_by_the_cli() -> None:

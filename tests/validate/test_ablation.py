@@ -106,6 +106,28 @@ def test_last_block_drop_is_its_ig_lens_credit(setup) -> None:
     assert torch.allclose(direct[:, -1], out.drops["zero"][:, -1], atol=1e-6, rtol=0)
 
 
+def test_the_credit_check_lens_is_built_once_from_the_spec(setup) -> None:
+    """The last-block check's lens reuses the ablation's spec (blocks and readout not located
+    again) at IGLens(model)'s defaults, whatever that spec chose: a spec of fewer layers in
+    log-probability would credit block n with f(h_n) - f(h_{L_{k-1}}) in nats instead."""
+    model, _, traces, ids, target = setup
+    chosen = IGLens(model, layers=[2, N_BLOCKS], units="log-probability").spec
+    ablation = BlockAblation(chosen)
+    lens = ablation.credit_spec
+    assert lens is ablation.credit_spec  # cached: built once
+    assert lens.decoder_blocks is chosen.decoder_blocks and lens.readout is chosen.readout
+    default = IGLens(model).spec
+    assert lens.layer_indices == default.layer_indices == tuple(range(1, N_BLOCKS + 1))
+    assert (lens.units, lens.effect, lens.granularity) == (
+        default.units, default.effect, default.granularity)
+    mine = ablation.credit_details(ids[None], target[None], POSITIONS)
+    theirs = IGLens(model).attribute_details(ids[None], target=target[None],
+                                             positions=POSITIONS)
+    assert torch.equal(mine.attributions, theirs.attributions)  # exact: one computation
+    out = ablation.ablate(traces[0], POSITIONS, target, ("zero",))
+    assert out.check_errors["last_block"] <= 1e-6
+
+
 def test_mean_reference_excludes_position_zero_and_needs_200_positions(setup) -> None:
     _, _, traces, _, _ = setup
     expected = torch.cat([t.updates[1:] for t in traces[1:]]).double().mean(0).float()
