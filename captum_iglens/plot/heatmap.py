@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 
-__all__ = ["draw_heatmap", "draw_lens_terms", "lens_terms", "plot_heatmap", "start_note"]
+__all__ = ["draw_heatmap", "draw_lens_terms", "lens_terms", "plot_heatmap", "readout_name",
+           "start_note"]
 
 _MAX_FIG = 24.0  # inches, either side
 _COLUMN_IN = 0.32  # planned width of one heatmap column
@@ -165,6 +166,21 @@ def lens_terms(result: ResultView) -> Optional[np.ndarray]:
     return None if lens is None else lens.detach().float().cpu().numpy()
 
 
+def readout_name(result: ResultView) -> str:
+    """The levels' readout in words: ``"logit-lens"``, or a per-layer lens's kind.
+
+    ``"<kind> lens"`` (``kind``: ``"tuned"``, ``"jacobian"``, ``"custom <class name>"``)
+    for a per-layer lens, whose readout is ``g_L``.
+    """
+    if getattr(result, "lens_change", None) is None:
+        return "logit-lens"
+    found = getattr(result, "lens", None) or {}
+    kind = str(found.get("kind") or "per-layer")
+    if kind == "custom" and found.get("name"):
+        kind += f" {found['name']}"
+    return f"{kind} lens"
+
+
 #: The legend entry of the lens terms (the panel's cells are hatched grey over their colour).
 LENS_LABEL = "lens term g_L(h_(L-1)) - g_(L-1)(h_(L-1)): the readout's change, not a credit"
 
@@ -227,8 +243,9 @@ def start_note(result: ResultView, display: str) -> str:
     if not start_apart(result.units, display, len(result.layer_indices)):
         return ""
     first = layer_labels(result.layer_indices, result.granularity)[0]
+    lens = "logit lens" if lens_terms(result) is None else f"{readout_name(result)} g_L"
     return (f" Log units: the first column ({first}) is the start, the move from the "
-            f"baseline's level to the logit lens's level at {first.split('→')[-1]} (its "
+            f"baseline's level to the {lens}'s level at {first.split('→')[-1]} (its "
             "nats written in its grey cells, off the colour scale: a log-probability is "
             "unbounded below, and an early layer's lens level would dwarf every rise); the "
             "colours show the rises of the later layers.")
