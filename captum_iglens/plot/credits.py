@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from captum_iglens._utils.format import total_symbol
+from captum_iglens._utils.format import readout_name, total_symbol
 from captum_iglens._utils.views import ResultView
 from captum_iglens.plot.completeness import plot_completeness
 from captum_iglens.plot.heatmap import (
@@ -26,7 +26,6 @@ from captum_iglens.plot.heatmap import (
     draw_lens_terms,
     lens_terms,
     plot_heatmap,
-    readout_name,
     start_note,
 )
 

@@ -22,15 +22,14 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from captum_iglens._utils.display import START_GREY, start_apart
-from captum_iglens._utils.format import readout_words
+from captum_iglens._utils.format import readout_name, readout_words
 from captum_iglens._utils.views import ResultView
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 
-__all__ = ["draw_heatmap", "draw_lens_terms", "lens_terms", "plot_heatmap", "readout_name",
-           "start_note"]
+__all__ = ["draw_heatmap", "draw_lens_terms", "lens_terms", "plot_heatmap", "start_note"]
 
 _MAX_FIG = 24.0  # inches, either side
 _COLUMN_IN = 0.32  # planned width of one heatmap column
@@ -164,21 +163,6 @@ def lens_terms(result: ResultView) -> Optional[np.ndarray]:
     """``[T, k]`` float32 lens terms of a per-layer readout (``lens_change``); None: logit lens."""
     lens = getattr(result, "lens_change", None)
     return None if lens is None else lens.detach().float().cpu().numpy()
-
-
-def readout_name(result: ResultView) -> str:
-    """The levels' readout in words: ``"logit-lens"``, or a per-layer lens's kind.
-
-    ``"<kind> lens"`` (``kind``: ``"tuned"``, ``"jacobian"``, ``"custom <class name>"``)
-    for a per-layer lens, whose readout is ``g_L``.
-    """
-    if getattr(result, "lens_change", None) is None:
-        return "logit-lens"
-    found = getattr(result, "lens", None) or {}
-    kind = str(found.get("kind") or "per-layer")
-    if kind == "custom" and found.get("name"):
-        kind += f" {found['name']}"
-    return f"{kind} lens"
 
 
 #: The legend entry of the lens terms (the panel's cells are hatched grey over their colour).

@@ -78,3 +78,26 @@ def test_a_per_layer_lens_names_its_readout_in_the_plots(lens, kind) -> None:
     assert _trajectory(logs).get_ylabel() == f"{kind} g_L log-probability (nats)"
     note = start_note(logs, "credit")
     assert f"to the {kind} g_L's level at L1" in note and "logit" not in note
+
+
+def _with_top_k(result: IGLensResult, ranks: int = 2) -> IGLensResult:
+    n_tok, k = result.attributions.shape
+    ids = torch.arange(ranks).repeat(n_tok, k, 1)
+    probs = torch.tensor([0.6, 0.3][:ranks]).repeat(n_tok, k, 1)
+    words = [[[f"w{r}" for r in range(ranks)] for _ in range(k)] for _ in range(n_tok)]
+    return replace(result, top_k_ids=ids, top_k_probs=probs, top_k_tokens=words)
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_the_top_k_plots_name_the_readout(per_layer) -> None:
+    from captum_iglens.plot.top_k import plot_top_k
+
+    base = _per_layer("probability", TUNED) if per_layer else synthetic_result(n_tok=3)
+    result = _with_top_k(base)
+    name = "tuned lens g_L" if per_layer else "logit-lens"
+    fig = plot_top_k(result)
+    assert fig._suptitle.get_text().startswith(f"{name} top-2 tokens at each layer")
+    assert f"{name} probability" in [ax.get_ylabel() for ax in fig.axes]
+    grids = [ax for ax in plot_result(result).axes if "top-1 token" in ax.get_title()]
+    assert [ax.get_title() for ax in grids] == [
+        f"{name} top-1 token\n(bold green = the answer token)"]
