@@ -315,8 +315,8 @@ class IGLens(GradientAttribution):
 
         It holds the credits, the logit-lens levels, ``p_final``, ``p_baseline``, the targets
         (and foils), the delta, ``method`` and ``n_steps``, the ``P`` dimension kept. Same
-        arguments and errors as :meth:`attribute`, plus (keyword-only) ``top_k``: the logit
-        lens's ``top_k`` most probable tokens per chosen layer (``out.top_k_ids`` /
+        arguments and errors as :meth:`attribute`, plus (keyword-only) ``top_k``: the levels'
+        readout's ``top_k`` most probable tokens per chosen layer (``out.top_k_ids`` /
         ``out.top_k_probs``, ``[B, P, k, top_k]``, probabilities; default 0) and
         ``explained``: a ``[B, P]`` bool tensor for a ragged batch; only its True pairs are
         read out and checked, the others' credits, levels, ``p_final``, ``p_baseline`` and

@@ -74,7 +74,7 @@ def attribute(spec: LensSpec, source: Source, *, settings: AttributionSettings,
             ``internal_batch_size``, and for a total-effect or AtP lens ``scope`` and
             ``grad_drop`` (the lens's own ``units``, ``granularity`` and ``effect``
             decide, not the settings').
-        top_k (int, optional): The logit lens's top tokens recorded per layer. Default: 0.
+        top_k (int, optional): The levels' readout's top tokens per layer. Default: 0.
 
     Returns:
         (output, single): the :class:`~captum_iglens.results.IGLensOutput` (``[B, P, ...]``,

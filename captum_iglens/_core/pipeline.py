@@ -9,7 +9,7 @@ own distribution, the chosen estimator's credits, and the convergence delta
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import torch
 from torch import Tensor
@@ -62,12 +62,24 @@ def convergence_delta(attributions: Tensor, p_final: Tensor, p_base: Tensor) -> 
     return attributions.sum(-1) - (p_final - p_base).to(attributions.dtype)
 
 
-def _top_k(readout: Callable[[Tensor], Tensor], path: PathNodes, k: int,
-           chunk: int) -> tuple[Tensor, Tensor]:
-    """The logit lens's top ``k`` tokens at every chosen layer: ``[B, P, k_layers, k]``."""
+def _top_k(spec: LensSpec, path: PathNodes, k: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """The ``k`` most probable tokens at every chosen layer: ``[B, P, k_layers, k]``.
+
+    Each node is read through the readout of its levels (``lens_probs``): the logit lens
+    ``f`` by default, ``g_{L_j}`` under a per-layer lens (the model's own readout for the
+    last node, as for its level).
+    """
     layers = path.nodes[:, :, 1:]
-    probs, ids = readout_top_k(readout, layers.reshape(-1, layers.shape[-1]), k, chunk)
-    return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
+    if not spec.per_layer:
+        probs, ids = readout_top_k(spec.readout, layers.reshape(-1, layers.shape[-1]), k, chunk)
+        return probs.view(*layers.shape[:-1], k), ids.view(*layers.shape[:-1], k)
+    last = layers.shape[2] - 1
+    reads = [readout_top_k(spec.readout if j == last else spec.readout_at(layer),
+                           layers[:, :, j].reshape(-1, layers.shape[-1]), k, chunk)
+             for j, layer in enumerate(spec.layer_indices)]
+    shape = (*layers.shape[:2], k)
+    return (torch.stack([p.view(shape) for p, _ in reads], dim=2),
+            torch.stack([i.view(shape) for _, i in reads], dim=2))
 
 
 #: A tensor field of an output, or one that may be absent: kept as it is by :func:`_spread`.
@@ -123,7 +135,8 @@ def output_from_path(spec: LensSpec, cap: PathCapture, *, settings: AttributionS
         settings (AttributionSettings): Keyword-only: the estimator (``method``, checked
             with :func:`check_estimator`), its ``n_steps`` and the readout chunk
             (``internal_batch_size``); the baseline is the capture's.
-        top_k (int, optional): Record the logit lens's top ``top_k`` tokens. Default: 0.
+        top_k (int, optional): Record the ``top_k`` most probable tokens of each level's
+            readout (the logit lens, or ``g_L`` under a per-layer lens). Default: 0.
 
     Returns:
         IGLensOutput: ``[B, P, k]`` credits and the rest, in the lens's units.
@@ -158,7 +171,7 @@ def output_from_path(spec: LensSpec, cap: PathCapture, *, settings: AttributionS
     # the credits add up to f(h_n) - g_0(b) less the lens terms (none for the logit lens)
     p_start = p_base if lens_change is None else p_base + lens_change.sum(-1)
     warn_if_not_converged(credits, p_final - p_start, method, n_steps)
-    top_probs, top_ids = _top_k(readout, path, top_k, chunk) if top_k else (None, None)
+    top_probs, top_ids = _top_k(spec, path, top_k, chunk) if top_k else (None, None)
     return IGLensOutput(
         attributions=credits,
         convergence_delta=convergence_delta(credits, p_final, p_start),

@@ -7,14 +7,15 @@ torch-free summary of a results file can use it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from captum_iglens.settings import DEFAULT_GRANULARITY
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["as_cpu", "fmt", "layer_names", "num", "readout_words", "shorten", "total_symbol"]
+__all__ = ["as_cpu", "fmt", "layer_names", "num", "readout_name", "readout_words", "shorten",
+           "total_symbol"]
 
 
 def layer_names(layer_indices: Sequence[int], granularity: str = DEFAULT_GRANULARITY) -> list[str]:
@@ -72,3 +73,18 @@ def total_symbol(units: str, contrastive: bool) -> str:
 def shorten(text: str, width: int) -> str:
     """``text`` cut to ``width`` characters with an ellipsis."""
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def readout_name(result: Any) -> str:
+    """The levels' readout in words: ``"logit-lens"``, or a per-layer lens's kind.
+
+    ``"<kind> lens"`` (``kind``: ``"tuned"``, ``"jacobian"``, ``"custom <class name>"``)
+    for a per-layer lens, whose readout is ``g_L``.
+    """
+    if getattr(result, "lens_change", None) is None:
+        return "logit-lens"
+    found = getattr(result, "lens", None) or {}
+    kind = str(found.get("kind") or "per-layer")
+    if kind == "custom" and found.get("name"):
+        kind += f" {found['name']}"
+    return f"{kind} lens"

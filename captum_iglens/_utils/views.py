@@ -47,7 +47,7 @@ class ResultView(Protocol):
     @property
     def delta_p(self) -> Tensor: ...  # noqa: D102
     @property
-    def onset_layers(self) -> list[int]: ...  # noqa: D102
+    def onset_layers(self) -> list[Optional[int]]: ...  # noqa: D102
     @property
     def onset_frac(self) -> float: ...  # noqa: D102
     @property

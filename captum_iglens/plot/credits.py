@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from captum_iglens._utils.format import total_symbol
+from captum_iglens._utils.format import readout_name, total_symbol
 from captum_iglens._utils.views import ResultView
 from captum_iglens.plot.completeness import plot_completeness
 from captum_iglens.plot.heatmap import (
@@ -184,8 +184,8 @@ def _trajectory(
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("hidden-state index (layer)")
     per_layer = lens_terms(result) is not None
-    ax.set_title(f"{'readout g_L(h_L)' if per_layer else 'logit-lens'} trajectory per token",
-                 fontsize=9)
+    name = f"{readout_name(result)} g_L(h_L)" if per_layer else "logit-lens"
+    ax.set_title(f"{name} trajectory per token", fontsize=9)
     _trajectory_axis(ax, result)
     if not n_tok:
         return
@@ -200,15 +200,21 @@ def _trajectory(
 
 
 def _trajectory_axis(ax: Any, result: ResultView) -> None:
-    """The trajectory's y label (what ``f`` is) and, for probabilities, its range."""
+    """The trajectory's y label and, for probabilities, its range.
+
+    The label names the readout: the logit lens's ``f``, or a per-layer lens's ``g_L``.
+    """
+    logit = lens_terms(result) is None
+    name = readout_name(result)
+    read, name_g = ("f(h_L)", name) if logit else ("g_L(h_L)", f"{name} g_L")
     if result.units == "probability":
         contrast = result.contrastive
-        ax.set_ylabel("logit-lens p(y) - p(foil)" if contrast
-                      else "logit-lens probability f(h_L)")
+        ax.set_ylabel(f"{name_g} p(y) - p(foil)" if contrast
+                      else f"{name} probability {read}")
         ax.set_ylim(-1.02 if contrast else -0.02, 1.02)
     else:
-        ax.set_ylabel("logit-lens log p(y) - log p(foil) (nats)" if result.contrastive
-                      else "logit-lens log-probability (nats)")
+        ax.set_ylabel(f"{name_g} log p(y) - log p(foil) (nats)" if result.contrastive
+                      else f"{name_g} log-probability (nats)")
 
 
 def plot_result(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from captum_iglens._utils.display import START_GREY, start_apart
-from captum_iglens._utils.format import readout_words
+from captum_iglens._utils.format import readout_name, readout_words
 from captum_iglens._utils.views import ResultView
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,8 +227,9 @@ def start_note(result: ResultView, display: str) -> str:
     if not start_apart(result.units, display, len(result.layer_indices)):
         return ""
     first = layer_labels(result.layer_indices, result.granularity)[0]
+    lens = "logit lens" if lens_terms(result) is None else f"{readout_name(result)} g_L"
     return (f" Log units: the first column ({first}) is the start, the move from the "
-            f"baseline's level to the logit lens's level at {first.split('→')[-1]} (its "
+            f"baseline's level to the {lens}'s level at {first.split('→')[-1]} (its "
             "nats written in its grey cells, off the colour scale: a log-probability is "
             "unbounded below, and an early layer's lens level would dwarf every rise); the "
             "colours show the rises of the later layers.")

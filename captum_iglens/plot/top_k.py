@@ -1,10 +1,11 @@
-"""The logit lens's top-K tokens at every chosen layer, labels fitted to their cells.
+"""The top-K tokens of the levels' readout at every chosen layer, labels fitted to cells.
 
 :func:`plot_top_k` draws, for each of a few answer tokens, a layers x ranks grid: the
-``K`` most probable tokens the logit lens reads out of each chosen layer, shaded by their
-probability, the answer token in bold green. It works at any number of layers (one row
-each, the figure grows up to 24 inches and the font shrinks) and any ``K``; every label is
-cut, with an ellipsis, to the width of its own cell rather than at the panel's edge.
+``K`` most probable tokens the logit lens (a per-layer lens: its ``g_L``) reads out of each
+chosen layer, shaded by their probability, the answer token in bold green. It works at any
+number of layers (one row each, the figure grows up to 24 inches and the font shrinks) and
+any ``K``; every label is cut, with an ellipsis, to the width of its own cell rather than at
+the panel's edge.
 :func:`top1_grid` is the top-1 column panel of :func:`~captum_iglens.plot.credits.plot_result`.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
+from captum_iglens._utils.format import readout_name
 from captum_iglens._utils.views import ResultView
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,8 +120,14 @@ def _cell_texts(ax: Any, result: ResultView, t_rows: Sequence[tuple[int, int]],
             text.set_in_layout(False)
 
 
+def _reader(result: ResultView) -> str:
+    """``"logit-lens"``, or a per-layer lens's ``"<kind> lens g_L"``: whose top tokens."""
+    name = readout_name(result)
+    return name if getattr(result, "lens_change", None) is None else f"{name} g_L"
+
+
 def top1_grid(fig: Any, ax: Any, result: ResultView, fontsize: float, cell_in: float) -> None:
-    """The logit lens's top-1 token per answer token (rows) and layer (columns)."""
+    """The levels' readout's top-1 token per answer token (rows) and layer (columns)."""
     from captum_iglens._utils.display import layer_labels
 
     n_tok, k = len(result.tokens), len(result.layer_indices)
@@ -128,7 +136,7 @@ def top1_grid(fig: Any, ax: Any, result: ResultView, fontsize: float, cell_in: f
     ax.set_xticks(range(k), labels=names, rotation=90, fontsize=7)
     ax.tick_params(left=False, labelleft=False)
     ax.set_xlabel("layer")
-    ax.set_title("logit-lens top-1 token\n(bold green = the answer token)", fontsize=9)
+    ax.set_title(f"{_reader(result)} top-1 token\n(bold green = the answer token)", fontsize=9)
     cells = [(t, j) for t in range(n_tok) for j in range(k)]
     cell_pt = _cell_pt(fig, ax, k, cell_in)
     _cell_texts(ax, result, cells, 1, cell_pt, fontsize,
@@ -154,7 +162,7 @@ def plot_top_k(
     max_panels: int = 4,
     figsize: Optional[tuple[float, float]] = None,
 ) -> Figure:
-    """The logit lens's top-``K`` tokens at every chosen layer, one panel per answer token.
+    """The levels' readout's top-``K`` tokens at every chosen layer, a panel per answer token.
 
     Each panel is a layers x ranks grid (``[k, K]``), shaded by the probability the lens
     gives each token (0 to 1, one colour bar), its label fitted to the cell (cut with an
@@ -202,8 +210,8 @@ def plot_top_k(
     names = layer_labels(result.layer_indices, result.granularity)
     axes[0].set_yticks(range(k), labels=names, fontsize=fontsize)
     axes[0].set_ylabel("layer")
-    fig.colorbar(image, ax=list(axes), label="logit-lens probability")  # type: ignore[arg-type]  # one panel per token: set
-    fig.suptitle(f"logit-lens top-{ranks} tokens at each layer (bold green = the answer "
+    fig.colorbar(image, ax=list(axes), label=f"{_reader(result)} probability")  # type: ignore[arg-type]  # one panel per token: set
+    fig.suptitle(f"{_reader(result)} top-{ranks} tokens at each layer (bold green = the answer "
                  f"token); {len(chosen)} of {len(result.tokens)} answer tokens", fontsize=9)
     _cell_pt(fig, axes[0], ranks, _CELL_IN)  # one layout for every panel, before any label
     for ax, t in zip(axes, chosen, strict=True):

@@ -55,7 +55,8 @@ class IGLensResult:
             and the delta are in ``units`` (log-probabilities in nats for
             ``"log-probability"``, in the JSON too); ``top_k_probs`` are always probabilities.
         convergence_delta (Tensor): ``[T]`` ``attributions.sum(-1) - delta_p``.
-        onset_layers (list[int]): Onset layer per token (hidden-state index).
+        onset_layers (list): Onset layer per token (hidden-state index, int); None for
+            ``effect="atp"`` (its estimates do not add up: no onset; JSON null).
         method, baseline, n_steps, onset_frac, onset_rule: the settings used.
         model_name (str): The model's name (never a local path).
         chat_template_used (bool): Whether the tokenizer's chat template wrapped the prompt.
@@ -67,7 +68,7 @@ class IGLensResult:
         truncated (bool): Generation stopped at ``max_new_tokens`` before an end token.
         max_new_tokens (int, optional): The generation limit.
         units (str): ``"probability"`` or ``"log-probability"`` (nats).
-        top_k_ids (Tensor, optional): ``[T, k, K]`` the logit lens's top tokens per layer.
+        top_k_ids (Tensor, optional): ``[T, k, K]`` the levels' readout's top tokens per layer.
         top_k_probs (Tensor, optional): ``[T, k, K]`` their probabilities.
         top_k_tokens (list, optional): ``T x k x K`` readable top tokens.
         contrast_ids (list[int], optional): One foil token id per answer token; ``None``
@@ -113,7 +114,7 @@ class IGLensResult:
     p_final: Tensor
     p_baseline: Tensor
     convergence_delta: Tensor
-    onset_layers: list[int]
+    onset_layers: list[Optional[int]]
     method: str = DEFAULT_METHOD
     baseline: str = DEFAULT_BASELINE
     n_steps: int = DEFAULT_N_STEPS
@@ -147,6 +148,8 @@ class IGLensResult:
     def __post_init__(self) -> None:
         """Check that the per-token tensors and lists agree with ``T`` and ``k``."""
         n_tok, k = len(self.tokens), len(self.layer_indices)
+        if self.effect == "atp":  # its estimates do not add up: no onset (older files too)
+            object.__setattr__(self, "onset_layers", [None] * len(self.onset_layers))
         for name in ("attributions", "lens_probs"):
             if tuple(getattr(self, name).shape) != (n_tok, k):
                 raise ValueError(f"IGLensResult.{name} has shape "
@@ -182,6 +185,7 @@ class IGLensResult:
         return layer_names(self.layer_indices, self.granularity)
 
     def _token_dict(self, t: int) -> dict[str, Any]:
+        onset = self.onset_layers[t]
         entry = {
             "token": self.tokens[t],
             "token_id": int(self.token_ids[t]),
@@ -193,7 +197,7 @@ class IGLensResult:
             "delta_p": float(self.delta_p[t]),
             "sum_attributions": float(self.attributions[t].sum()),
             "convergence_delta": float(self.convergence_delta[t]),
-            "onset_layer": int(self.onset_layers[t]),
+            "onset_layer": None if onset is None else int(onset),  # null: AtP
             "is_argmax": bool(self.is_argmax[t]) if self.is_argmax else None,
         }
         if self.contrast_ids is not None:

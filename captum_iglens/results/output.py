@@ -46,8 +46,8 @@ class IGLensOutput:
             explained position (``target == model_argmax`` where the target is greedy).
         units (str): ``"probability"`` or ``"log-probability"`` (nats): the units of
             ``attributions``, ``lens_probs``, ``p_final``, ``p_baseline`` and the delta.
-        top_k_probs (Tensor, optional): ``[B, P, k, K]`` the logit lens's top-K probabilities
-            at each chosen layer (with ``attribute_details(..., top_k=K)``).
+        top_k_probs (Tensor, optional): ``[B, P, k, K]`` the levels' readout's top-K probabilities
+            at each chosen layer (``g_L`` under a per-layer lens; ``top_k=K``).
         top_k_ids (Tensor, optional): ``[B, P, k, K]`` their token ids.
         contrast (Tensor, optional): ``[B, P]`` int64 foil token ids of a contrastive target
             (``attribute(..., contrast=...)``); ``None`` when not contrastive.

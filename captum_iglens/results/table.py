@@ -21,13 +21,18 @@ def format_number(value: float, signed: bool = True, digits: int = 5) -> str:
 
 
 def _row_names(result: ResultView) -> tuple[str, str, str]:
-    """Names of the level column, the total row and the final-value row."""
+    """Names of the level column, the total row and the final-value row.
+
+    The level column names its readout: ``lens`` for the logit lens, ``g_L`` for a
+    per-layer lens (whose lens terms have a ``lens`` row of their own).
+    """
     total = total_symbol(result.units, result.contrastive)
+    read = "lens" if _lens_terms(result) is None else "g_L"
     if result.contrastive:
-        return "lens F", total, "F"
+        return f"{read} F", total, "F"
     if result.units == "probability":
-        return "lens p", total, "p"
-    return "lens lp", total, "log p"
+        return f"{read} p", total, "p"
+    return f"{read} lp", total, "log p"
 
 
 #: The credit column's name per ``effect``: IG-Lens credits, total-effect shares, AtP estimates.
@@ -99,8 +104,8 @@ def _block(result: ResultView, cols: list[int]) -> list[str]:
         lines.append(f"{key:>{w}} |" + "".join(
             f" {format_number(v, digits=6):>{_TOKEN}} |" for v in values))
     # AtP's estimates do not add up, so no cumulative-credit onset is read from them
-    onsets = ["n/a" if result.effect == "atp" else
-              names[result.layer_indices.index(result.onset_layers[t])] for t in cols]
+    onsets = ["n/a" if (o := result.onset_layers[t]) is None or result.effect == "atp" else
+              names[result.layer_indices.index(o)] for t in cols]
     lines.append(f"{'onset':>{w}} |" + "".join(f" {o:>{_TOKEN}} |" for o in onsets))
     return lines + [""]
 
@@ -130,11 +135,13 @@ def _contrast_legend(result: ResultView) -> list[str]:
                else ("p(token) - p(foil)", "probability"))
     credit = {"total": "total-effect credit", "atp": "AtP estimate (not additive)"}.get(
         result.effect, "IG-Lens credit")
+    level = ("logit-lens F(h_L)" if _lens_terms(result) is None
+             else f"the {_lens_kind(result)} lens's F through g_L(h_L)")
     text = (f"Contrastive: every value is F = {f} ({unit}): why "
             f"the token rather than its foil, named under it ('vs'). {_credit_name(result)}: "
-            f"the layer's {credit} to F; lens F: logit-lens F(h_L) at that layer (a level, not "
-            "a credit); sum: the credits' sum; ΔF: F minus F at the baseline, what the credits "
-            "add up to; F: "
+            f"the layer's {credit} to F; {_row_names(result)[0]}: {level} at that layer (a "
+            "level, not a credit); sum: the credits' sum; ΔF: F minus F at the baseline, "
+            "what the credits add up to; F: "
             f"the model's own F; onset: {_onset_rule(result, 'ΔF')}{_rule_name(result)}.")
     return textwrap.wrap(text, 100)
 

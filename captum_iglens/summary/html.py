@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from captum_iglens._utils.format import layer_names, shorten, total_symbol
 from captum_iglens.summary.plot import figure_png_base64, plot_summary
 from captum_iglens.summary.pool import RunSummary
-from captum_iglens.summary.report import record_name
+from captum_iglens.summary.report import ATP_ONSET_NOTE, record_name
 
 __all__ = ["DEFAULT_MAX_RECORDS", "render_html", "write_html"]
 
@@ -62,6 +62,8 @@ def _layer_colours(layers: Sequence[int]) -> dict[int, tuple[str, str]]:
 
 
 def _legend(summary: RunSummary, colours: dict[int, tuple[str, str]]) -> str:
+    if summary.effect == "atp":  # no onset layer: the tokens are left grey
+        return f'<p class="legend">{_esc(ATP_ONSET_NOTE)}; the tokens are not coloured.</p>'
     spans = "".join(
         f'<span class="tok" style="background:{bg};color:{fg}">{_esc(name)}</span>'
         for (bg, fg), name in zip(colours.values(), summary.layer_names, strict=True))
@@ -69,8 +71,9 @@ def _legend(summary: RunSummary, colours: dict[int, tuple[str, str]]) -> str:
 
 
 def _token_span(token: dict, colours: dict[int, tuple[str, str]], summary: RunSummary) -> str:
-    bg, fg = colours.get(int(token["onset_layer"]), ("#ccc", "#000"))
-    onset = layer_names([int(token["onset_layer"])], summary.granularity)[0]
+    layer = token.get("onset_layer") if summary.effect != "atp" else None
+    bg, fg = colours.get(int(layer), ("#ccc", "#000")) if layer is not None else ("#ccc", "#000")
+    onset = "n/a" if layer is None else layer_names([int(layer)], summary.granularity)[0]
     final = ("F" if summary.contrastive else "p" if summary.units == "probability"
              else "log p")
     tip = (f"onset {onset}, {final} {token.get('p_final', float('nan')):.4g}, "

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from captum_iglens.summary.report import ATP_ONSET_NOTE
+
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
@@ -30,7 +32,8 @@ def plot_summary(summary: RunSummary, path: Optional[str] = None) -> Figure:
     ``[k]`` mean credits over all tokens
     against the layers, a shaded band from
     ``ci_low`` to ``ci_high`` (absent with fewer than 2 records), and 0 marked. Right: the
-    number of tokens whose onset is each layer.
+    number of tokens whose onset is each layer (for AtP records a note instead: their
+    first-order estimates do not add up, so no onset is pooled).
 
     Args:
         summary (RunSummary): What :func:`~captum_iglens.summary.pool.summarize` returned.
@@ -53,10 +56,16 @@ def plot_summary(summary: RunSummary, path: Optional[str] = None) -> Figure:
     ax_mean, ax_onset = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     x = np.arange(k)
     _mean_panel(ax_mean, summary, x)
-    ax_onset.bar(x, summary.onset_counts, color="#4c72b0")
-    ax_onset.set_ylabel("tokens")
-    ax_onset.yaxis.get_major_locator().set_params(integer=True)
-    ax_onset.set_title(f"onset layer ({_rule(summary)}), {summary.n_tokens} tokens", fontsize=9)
+    if summary.effect == "atp":  # first-order estimates: their onsets mean nothing
+        ax_onset.text(0.5, 0.5, ATP_ONSET_NOTE.replace(": ", ":\n", 1), ha="center",
+                      va="center", fontsize=8, wrap=True, transform=ax_onset.transAxes)
+        ax_onset.set_title("onset layer: n/a for AtP", fontsize=9)
+    else:
+        ax_onset.bar(x, summary.onset_counts, color="#4c72b0")
+        ax_onset.set_ylabel("tokens")
+        ax_onset.yaxis.get_major_locator().set_params(integer=True)
+        ax_onset.set_title(f"onset layer ({_rule(summary)}), {summary.n_tokens} tokens",
+                           fontsize=9)
     for ax in (ax_mean, ax_onset):
         ax.set_xticks(x, labels=summary.layer_names, rotation=90 if k > 12 else 0, fontsize=7)
         ax.set_xlabel("layer")

@@ -24,7 +24,7 @@ from captum_iglens._utils.format import layer_names, num, shorten
 from captum_iglens.run.reader import check_one_run, load_results
 from captum_iglens.settings import DEFAULT_EFFECT, DEFAULT_GRANULARITY, settings_from_record
 from captum_iglens.summary.bootstrap import cluster_mean_ci
-from captum_iglens.summary.report import WIDTH, record_label, record_name, report_lines
+from captum_iglens.summary.report import WIDTH, has_onsets, record_label, record_name, report_lines
 
 __all__ = ["N_SLOWEST", "RunSummary", "load_results", "summarize"]
 
@@ -65,7 +65,8 @@ def _arrays(record: dict, layers: list[int]) -> _Arrays:
         credits = credits.reshape(len(tokens), k)
         delta_p = np.array([t["delta_p"] for t in tokens], dtype=np.float64)
         convergence = np.array([t["convergence_delta"] for t in tokens], dtype=np.float64)
-        onsets = np.array([t["onset_layer"] for t in tokens], dtype=np.int64)
+        onsets = np.array([t["onset_layer"] for t in tokens] if has_onsets(record) else [],
+                          dtype=np.int64)  # AtP's onsets mean nothing: none pooled
         lens = (np.array([t["lens_change"] for t in tokens], dtype=np.float64).reshape(
             len(tokens), k) if tokens and "lens_change" in tokens[0] else None)
     except (KeyError, TypeError, ValueError) as err:
@@ -159,7 +160,7 @@ class RunSummary:
         ci_high (list[float]): ``[k]`` upper bound.
         mean_delta_p (float): Mean ``delta_p`` over all tokens (the sum of ``mean_credit``
             up to the completeness error).
-        onset_counts (list[int]): ``[k]`` tokens whose onset is each layer.
+        onset_counts (list[int]): ``[k]`` tokens whose onset is each layer (AtP: 0s, n/a).
         max_abs_convergence_delta (float): ``max |sum of credits - delta_p|`` over all
             tokens (0 without tokens).
         worst (dict, optional): Where that maximum is: ``{"id", "token"}``.
@@ -234,7 +235,7 @@ class RunSummary:
         """A JSON-ready dict (NaN as null), one entry per layer under ``"per_layer"``."""
         per_layer = [
             {"layer": layer, "name": name, "mean_credit": num(mean), "ci_low": num(low),
-             "ci_high": num(high), "onset_count": count}
+             "ci_high": num(high), "onset_count": None if self.effect == "atp" else count}
             for layer, name, mean, low, high, count in zip(
                 self.layers, self.layer_names, self.mean_credit, self.ci_low, self.ci_high,
                 self.onset_counts, strict=True)
@@ -321,8 +322,7 @@ def summarize(
     with_seconds = [r for r in records if isinstance(r.get("seconds"), (int, float))]
     return RunSummary(
         layers=layers, units=units, contrastive=contrastive, n_ok=len(records),
-        effect=effect or DEFAULT_EFFECT,
-        n_failed=len(errors), n_tokens=len(pooled.delta_p),
+        effect=effect or DEFAULT_EFFECT, n_failed=len(errors), n_tokens=len(pooled.delta_p),
         n_documents=sum(bool(r.get("document")) for r in records),
         mean_credit=_mean(pooled.credits, len(layers)), ci_low=low.tolist(),
         ci_high=high.tolist(),

@@ -7,11 +7,23 @@ import textwrap
 from typing import Any, Sequence
 
 from captum_iglens._utils.format import fmt, shorten, total_symbol
+from captum_iglens.settings import settings_from_record
 
-__all__ = ["WIDTH", "column_format", "record_label", "record_name", "report_lines"]
+__all__ = ["ATP_ONSET_NOTE", "WIDTH", "column_format", "has_onsets", "record_label",
+           "record_name", "report_lines"]
 
 #: Columns of the printed report.
 WIDTH = 100
+
+
+#: Why a summary of attribution-patching records pools no onset layer.
+ATP_ONSET_NOTE = ("onsets: n/a for AtP (first-order estimates, not a decomposition): no "
+                  "onset layer is pooled")
+
+
+def has_onsets(record: dict) -> bool:
+    """Whether a result record's onset layers mean something (not for ``effect="atp"``)."""
+    return settings_from_record(record).effect != "atp"
 
 
 def record_label(entry: dict) -> str:
@@ -85,17 +97,20 @@ def _layer_lines(s: Any) -> list[str]:
              f"{_plural(s.n_ok, 'record')} ({_unit(s)})", ci_note,
              f"  {'layer':<8}{'mean':>12}{pct + ' CI low':>14}{pct + ' CI high':>14}"
              f"{'onsets':>9}{'share':>8}" + (f"{'lens term':>12}" if lens else "")]
-    total = max(s.n_tokens, 1)
+    total, atp = max(s.n_tokens, 1), getattr(s, "effect", "readout") == "atp"
     for j, (name, mean, low, high, count) in enumerate(zip(
             s.layer_names, s.mean_credit, s.ci_low, s.ci_high, s.onset_counts, strict=True)):
         share = count / total
         lens_cell = f"{fmt(lens[j], spec):>12}" if lens else ""
+        onset = f"{'n/a':>9}{'n/a':>8}" if atp else f"{count:>9}{100 * share:>7.1f}%"
         lines.append(f"  {shorten(name, 8):<8}{fmt(mean, spec):>12}{fmt(low, spec):>14}"
-                     f"{fmt(high, spec):>14}{count:>9}{100 * share:>7.1f}%{lens_cell} "
-                     f"{'#' * round(20 * share)}".rstrip())
+                     f"{fmt(high, spec):>14}{onset}{lens_cell} "
+                     f"{'' if atp else '#' * round(20 * share)}".rstrip())
     lens_sum = f" + mean lens terms {fmt(math.fsum(lens), spec)}" if lens else ""
     lines.append(f"  {'sum':<8}{fmt(total_sum, spec):>12}{lens_sum}   mean "
                  f"{total_symbol(s.units, s.contrastive)} {fmt(s.mean_delta_p, spec)}")
+    if atp:
+        lines.append(f"  {ATP_ONSET_NOTE}")
     if lens:
         lines.append("  lens term: the readout's change at a fixed residual, g_L(h_(L-1)) - "
                      "g_(L-1)(h_(L-1)); no block's doing")

@@ -90,7 +90,7 @@ def explain_ids(
         lens (IGLens, optional): A lens to reuse.
         onset_rule (str, optional): ``"sustained"`` (default) or ``"mass"``; see
             :func:`~captum_iglens.onset_layer_indices`.
-        top_k (int, optional): Record the logit lens's ``top_k`` tokens at every layer.
+        top_k (int, optional): Record the levels' readout's ``top_k`` tokens per layer.
             Default: 0.
         contrast (int or sequence of int, optional): Foil token ids, one for every answer
             token or one per answer token: the credits then decompose
@@ -230,7 +230,7 @@ def explain(
             ``{"date_string": "26 Jul 2024"}`` for templates that write today's date.
         units (str, optional): ``"probability"`` (default) or ``"log-probability"`` (nats):
             the readout that is decomposed.
-        top_k (int, optional): Record the logit lens's ``top_k`` tokens at every layer
+        top_k (int, optional): Record the levels' readout's ``top_k`` tokens at every layer
             (``result.top_k_tokens``, JSON). Default: 0.
         contrast (str or sequence of int, optional): The foil of a contrastive explanation,
             "why this token rather than that one": the credits decompose

@@ -163,3 +163,28 @@ def test_a_per_layer_readout_is_refused_where_it_is_not_defined(model) -> None:
     # a copy of the spec keeps its seam
     spec = IGLens(model, lens=lens).spec
     assert replace(spec, check_readout=False).lens is lens
+
+
+def test_the_top_k_tokens_are_read_through_the_levels_readout(model) -> None:
+    """Under a per-layer lens the top-k of layer L are g_L's, the readout of the levels.
+
+    With the top-1 token of layer j as the target, layer j's level ``g_{L_j}(h_{L_j})`` is its
+    top-1 probability: two float32 softmaxes of the same logits (``exp(log_softmax)`` against
+    ``softmax``, in other batches), ``<= 4 eps`` on a probability.
+    """
+    lens = AffineTranslators(model)
+    ig = IGLens(model, lens=lens)
+    out = ig.attribute_details(IDS, positions=POSITIONS, top_k=3)
+    plain = IGLens(model).attribute_details(IDS, positions=POSITIONS, top_k=3)
+    assert out.top_k_probs is not None and out.top_k_ids is not None
+    assert plain.top_k_probs is not None
+    k = out.attributions.shape[-1]
+    # the translators change what the first layer reads (a logit-lens top-k would fail below)
+    assert float((out.top_k_probs[..., 0, 0] - plain.top_k_probs[..., 0, 0]).abs().max()) > 1e-4
+    for j in range(k):
+        top1 = out.top_k_ids[..., j, 0]
+        level = ig.attribute_details(IDS, target=top1, positions=POSITIONS).lens_probs[..., j]
+        err = (level.double() - out.top_k_probs[..., j, 0].double()).abs()
+        assert (err <= 4 * EPS).all(), (j, float(err.max()))
+        # and it is the most probable token of g_L: no other token of its top-k above it
+        assert (out.top_k_probs[..., j, 1:] <= out.top_k_probs[..., j, :1]).all()
