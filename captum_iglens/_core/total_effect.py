@@ -264,7 +264,10 @@ def check_gate_options(spec: LensSpec, scope: str, grad_drop: bool,
             ``effect="atp"`` with a ``method`` or ``n_steps`` away from its default.
     """
     if spec.effect == "atp" and (method != DEFAULT_METHOD or n_steps != DEFAULT_N_STEPS):
-        raise ValueError(f"effect='atp' was given method={method!r}, n_steps={n_steps}: AtP "
+        given = ", ".join(f"{name}={value!r}" for name, value, default in (
+            ("method", method, DEFAULT_METHOD), ("n_steps", n_steps, DEFAULT_N_STEPS))
+            if value != default)
+        raise ValueError(f"effect='atp' was given {given}: AtP "
                          "is first-order (one backward pass) and takes no estimator or "
                          "steps; leave both out, or use effect='total'.")
     if scope not in SCOPES:

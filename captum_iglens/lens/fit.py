@@ -75,8 +75,8 @@ def named_lens(model: nn.Module, kind: str) -> FittedLens:
     if not found:
         raise ValueError(
             f"No {kind} lens is fitted for this model (weights digest {digest}) in {folder}: "
-            f"run `iglens fit-lens --kind {kind} --model <the model>` first (or pass a "
-            "LayerReadout object as lens=...).")
+            f"fit one first with `iglens fit-lens --kind {kind}` (add `--model M` for a "
+            "model other than the default; in Python, lens= also takes a LayerReadout).")
     return load_lens(found[-1], model, digest)
 
 

@@ -86,6 +86,8 @@ def _wrap(text: str, width_pt: float, fontsize: float, max_lines: int) -> list[s
 def _onset_words(result: ResultView) -> str:
     """The onset rule of ``result`` in words."""
     frac, total = f"{result.onset_frac:g}", total_symbol(result.units, result.contrastive)
+    if getattr(result, "lens_change", None) is not None:  # lens terms: no layer's doing
+        total = "(the block terms' sum, lens terms left out)"
     if result.onset_rule == "sustained":
         return f"first layer from which the cumulative credit stays at or beyond {frac}·{total}"
     if result.onset_rule == "mass":
@@ -134,8 +136,10 @@ _EFFECT_WORDS = {
 
 def _caption(fig: Figure, result: ResultView, display: str = "credit") -> None:
     """The onset rule, the markers and the units, in words, at the foot of the figure."""
-    text = (f"Credit in {_units(result)}. □ onset ({result.onset_rule} rule): the "
-            f"{_onset_words(result)}. * the token is not the argmax of the explained forward.")
+    onset = ("No onset: AtP estimates are not a decomposition." if result.effect == "atp"
+             else f"□ onset ({result.onset_rule} rule): the {_onset_words(result)}.")
+    text = (f"Credit in {_units(result)}. {onset} * the token is not the argmax of the "
+            "explained forward.")
     if result.contrastive:
         text += (" Contrastive: every value is F = p(y) - p(foil) (log units: the log-ratio), "
                  "each answer token y against its foil ('vs').")

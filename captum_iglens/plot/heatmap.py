@@ -154,7 +154,8 @@ def draw_heatmap(fig: Figure, ax: Any, result: ResultView, attr: np.ndarray, row
     _token_ticks(ax, result, row_pt)
     ax.set_xlabel(_x_words(result, emb, apart, step))
     ax.set_ylabel("answer token")
-    ax.set_title(f"{credit_name(result)} per token and layer\n(□ onset, * not the argmax)",
+    marks = "* not the argmax" if result.effect == "atp" else "□ onset, * not the argmax"
+    ax.set_title(f"{credit_name(result)} per token and layer\n({marks})",
                  fontsize=9)
     _onset_boxes(ax, result, row_pt)
 

@@ -119,6 +119,8 @@ def _onset_rule(result: ResultView, total: str) -> str:
     """The onset rule in words; ``total`` names what the credits add up to."""
     if result.effect == "atp":
         return "n/a: AtP estimates are not a decomposition, so no cumulative-credit onset"
+    if _lens_terms(result) is not None:  # the lens terms are no layer's doing: left out
+        total = "sum (the block terms' sum, lens terms left out)"
     return (f"first layer from which the cumulative credit stays at or beyond "
             f"{result.onset_frac:g}·{total}" if result.onset_rule == "sustained" else
             f"first layer holding {result.onset_frac:g} of the cumulative |credit|")

@@ -150,8 +150,10 @@ def test_a_readout_json_holds_no_scope_or_grad_drop_key(lm) -> None:
 def test_atp_refuses_a_method_or_steps_in_python(lm, given) -> None:
     ids = torch.tensor([[3, 17, 5, 9, 22, 11]])
     lens = IGLens(lm, effect="atp")
-    with pytest.raises(ValueError, match="AtP is first-order"):
+    with pytest.raises(ValueError, match="AtP is first-order") as caught:
         lens.attribute(ids, **given)
+    (name, value), = given.items()  # the message names what was given, not the defaults
+    assert f"given {name}={value!r}:" in str(caught.value)
     with pytest.raises(ValueError, match="takes no estimator or steps"):
         explain(lm, word_tokenizer(), PROMPT, max_new_tokens=2, chat_template=False,
                 effect="atp", **given)
@@ -251,3 +253,18 @@ def test_the_same_combinations_are_what_iglens_refuses(lm) -> None:
         with pytest.raises(ValueError, match="per-layer readout"):
             IGLens(lm, lens=lens, **kwargs)
     IGLens(lm, lens=lens)  # block readout credits: taken
+
+
+def test_an_atp_figure_shows_no_onset(lm) -> None:
+    """AtP has no onset: its figure's caption and heatmap title promise no onset box."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    result = explain(lm, word_tokenizer(), PROMPT, max_new_tokens=2, chat_template=False,
+                     effect="atp")
+    fig = result.plot()
+    texts = [t.get_text() for t in fig.texts] + [ax.get_title() for ax in fig.axes]
+    assert not any("□ onset" in t for t in texts), texts
+    assert any("No onset" in t for t in texts)
+    readout = explain(lm, word_tokenizer(), PROMPT, max_new_tokens=2, chat_template=False)
+    assert any("□ onset" in t.get_text() for t in readout.plot().texts)

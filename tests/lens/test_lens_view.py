@@ -120,6 +120,25 @@ def test_the_table_shows_the_lens_terms_and_they_add_up(model, tok, tuned) -> No
     assert all(len(line) <= 100 for line in table.splitlines())
 
 
+def test_the_onset_follows_the_rule_the_legend_states(model, tok, tuned) -> None:
+    """Under a per-layer lens the onset is taken on the block terms (the lens terms are no
+    layer's doing) and the legend says so: each onset is the first layer from which the
+    cumulative block terms stay at or beyond ``frac`` times their own sum."""
+    from captum_iglens.plot.credits import _onset_words
+
+    result = _explain(model, tok, tuned)
+    legend = " ".join(result.format_table().split())
+    assert "the block terms' sum, lens terms left out" in legend
+    assert "block terms' sum" in _onset_words(result)
+    for t, onset in enumerate(result.onset_layers):
+        credits = result.attributions[t].double()
+        total, cum = float(credits.sum()), credits.cumsum(0)
+        reached = [bool((cum[j:] * (1 if total >= 0 else -1)
+                         >= result.onset_frac * abs(total)).all()) for j in range(len(cum))]
+        expected = result.layer_indices[reached.index(True)] if any(reached) else None
+        assert onset == expected, (t, onset, expected)
+
+
 def test_a_logit_lens_result_is_as_before(model, tok) -> None:
     result = _explain(model, tok)
     assert result.lens_change is None and result.lens is None
