@@ -179,7 +179,7 @@ def test_a_lens_of_another_model_is_refused_by_its_digest(model, tuned, tmp_path
     # the cache is keyed by digest: the other model finds no lens of its own
     tuned.save(lens_cache_path(tuned.digest, "tuned", {"steps": 20}))
     assert isinstance(named_lens(model, "tuned"), TunedLens)
-    with pytest.raises(ValueError, match="run `iglens fit-lens --kind tuned"):
+    with pytest.raises(ValueError, match="fit one first with `iglens fit-lens --kind tuned`"):
         IGLens(other, lens="tuned")
 
 
