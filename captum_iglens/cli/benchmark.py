@@ -35,7 +35,8 @@ DESCRIPTION = (
     "the pre-registered rule, re-run with the file's robustness seeds. Writes "
     "OUT/cells/<family>__<task>.json (skipped on a rerun when its fingerprint matches) with "
     "its measurements beside it (.measurements.json.gz), OUT/benchmark.json, "
-    "OUT/benchmark.md and OUT/benchmark.png. With --lenses, the lens addendum "
+    "OUT/benchmark.md and OUT/benchmark.png; --reuse-only writes them from the cells "
+    "already in OUT and runs none. With --lenses, the lens addendum "
     "(prereg_lenses.json) adds the readout credit under each fitted lens, scored against "
     "the cell's stored drops, in OUT/cells/<family>__<task>__lens-<kind>.json, and its "
     "hypotheses L1/L2 in a block of their own."
@@ -86,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost", action="store_true",
                         help="print the cost model's forwards per cell and exit (loads the "
                         "models and filters the pairs; runs no intervention)")
+    parser.add_argument("--reuse-only", action="store_true",
+                        help="write the tables from the cells already in OUT whose "
+                        "fingerprint matches; a (family, task) without one is named and "
+                        "skipped, none is run (cells measured over several sessions or "
+                        "machines, then tabulated together)")
     parser.add_argument("--lenses", action="append", default=None, metavar="KINDS",
                         help="lens addendum: also score the readout credit under these fitted "
                         "lenses (tuned, jacobian; comma separated), read from the lens cache "
@@ -156,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     from captum_iglens.validate.benchmark.tasks import task_pairs
 
     out = Path(args.out)
-    (out / "cells").mkdir(parents=True, exist_ok=True)
+    if not args.cost:  # --cost writes nothing
+        (out / "cells").mkdir(parents=True, exist_ok=True)
     settings = {"pairs": args.pairs, "n_boot": args.n_boot, "seed": args.seed,
                 "captum_steps": args.captum_steps}
     cells, lens_cells = [], []
@@ -179,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = runner.cell_fingerprint(model, family, name, pairs, settings)
         path = runner.cell_path(out, family, name)
         cell = runner.load_cell(path, fingerprint["digest"])
+        if cell is None and args.reuse_only:
+            print(f"{family} / {name}: no cell with this fingerprint in {path.parent} "
+                  "(skipped: --reuse-only runs none)", file=sys.stderr)
+            continue
         if cell is None:
             cell = runner.run_cell(model.eval(), tokenizer, family, name, pairs, args.pairs,
                                    args.n_boot, args.seed, progress=shown,
@@ -192,6 +203,11 @@ def run(args: argparse.Namespace) -> int:
                                   shown)
     if args.cost:
         return 0
+    if not cells:
+        raise RuntimeError(f"--reuse-only: no cell in {out / 'cells'} matches these "
+                           "families, tasks and settings (the fingerprint holds --max-pairs, "
+                           "--n-boot, --seed and --captum-steps: give those the cells ran "
+                           "with)")
     _write(out, cells, lens_cells, bool(args.lenses))
     return 0
 

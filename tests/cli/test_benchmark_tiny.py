@@ -103,7 +103,7 @@ def test_max_pairs_and_the_cost_model(tiny_folder, pairs_file, tmp_path, capsys)
     assert cost["cached_rows"] == expected["cached_rows"] > 0
     assert bench_cost.cost_model(3, 10, 6, 3)["sequence_forwards"] == (
         2 * expected["sequence_forwards"])
-    assert not (tmp_path / "b" / "cells" / "tiny-llama__tiny_pairs.json").exists()
+    assert not (tmp_path / "b").exists()  # --cost writes nothing
 
 
 def test_the_default_families_are_the_required_ones() -> None:
@@ -147,3 +147,25 @@ def test_no_progress_silences_every_bar(tiny_folder, pairs_file, tmp_path, capsy
     assert main([*argv, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
     quiet = capsys.readouterr().err
     assert "measure" not in quiet and "curves" not in quiet and "it/s" not in quiet
+
+
+def test_reuse_only_tabulates_the_cells_there_and_runs_none(tiny_folder, pairs_file,
+                                                             tmp_path, capsys):
+    other = tmp_path / "other_pairs.jsonl"  # a second task that has no cell yet
+    other.write_text(pairs_file.read_text(), encoding="utf-8")
+    out = tmp_path / "bench"
+    argv = ["benchmark", "--model", str(tiny_folder), "--max-pairs", "3",
+            "--captum-steps", "2", "--n-boot", "20", "--out", str(out), "--no-progress"]
+    assert main([*argv, "--task", str(pairs_file)]) == 0
+    ran = (out / "benchmark.md").read_text()
+    (out / "benchmark.md").unlink()
+    capsys.readouterr()
+    assert main([*argv, "--task", f"{pairs_file},{other}", "--reuse-only"]) == 0
+    err = capsys.readouterr().err
+    assert "reused" in err and "other_pairs: no cell with this fingerprint" in err
+    assert not runner.cell_path(out, tiny_folder.name, "other_pairs").exists()
+    assert (out / "benchmark.md").read_text() == ran  # the same cell, the same tables
+    # other settings are another fingerprint: nothing matches, a clear error
+    assert main([*argv[:-3], "--out", str(out), "--seed", "5", "--task", str(pairs_file),
+                 "--reuse-only", "--no-progress"]) == 1
+    assert "no cell in" in capsys.readouterr().err
