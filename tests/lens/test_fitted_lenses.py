@@ -280,3 +280,17 @@ def test_an_interrupted_tuned_fit_resumes_to_the_same_lens(model, tmp_path) -> N
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # exact: the same float32 operations in the same order
     assert float(whole.translators[0].weight.abs().max()) > 0  # it did train
+
+
+def test_the_default_corpus_is_prefix_stable() -> None:
+    """The first N chunks of a longer default corpus are the N-chunk corpus itself, so a
+    table that fits on the first N and holds out the rest fits what ``fit-lens`` fits."""
+    from captum_iglens.lens.fit_corpus import corpus_ids
+    from captum_iglens.testing import tiny_causal_lm
+
+    lm, tokenizer = tiny_causal_lm("llama")
+    short = corpus_ids(lm, tokenizer, seq_len=12, n_sequences=3)
+    long = corpus_ids(lm, tokenizer, seq_len=12, n_sequences=5)
+    assert short.shape == (3, 12) and long.shape == (5, 12)
+    assert torch.equal(long[:3], short)
+    assert not torch.equal(long[3], long[4])  # sampled, not one repeated chunk
