@@ -31,15 +31,22 @@ def load_results(path: Union[str, Path]) -> tuple[list[dict], list[dict], int]:
 
     Raises:
         OSError: the file cannot be read.
-        NotAResultsFile: (a ValueError) no line is a JSON object and not every line starts
-            as one (the file never was a results file), or the first complete line is not a
-            result line.
+        NotAResultsFile: (a ValueError) the file is one JSON document over several lines
+            (the ``--json`` of ``iglens explain``), no line is a JSON object and not every
+            line starts as one (the file never was a results file), or the first complete line
+            is not a result line.
         ValueError: a later complete JSON line that is not a result line (no object, or a
             ``status`` other than ``"ok"`` / ``"error"``), or a file without any result
             line.
     """
-    lines = Path(path).read_bytes().split(b"\n")
+    raw = Path(path).read_bytes()
+    lines = raw.split(b"\n")
     parsed = [(n, line, _json(line)) for n, line in enumerate(lines, 1) if line.strip()]
+    if len(parsed) > 1 and isinstance(_json(raw), dict):  # JSON lines never parse whole
+        raise NotAResultsFile(
+            f"{path} is one JSON document over {len(parsed)} lines (the --json output of "
+            "'iglens explain'?), not the JSON lines of 'iglens run': give the --output file "
+            "of a run")
     _check_is_results(parsed, path)
     records: list[dict] = []
     errors: list[dict] = []

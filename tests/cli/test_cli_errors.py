@@ -318,6 +318,14 @@ def test_summarize_of_a_file_that_is_not_a_results_file(tmp_path, no_load, capsy
     prompts = write_lines(tmp_path / "in.jsonl", [json.dumps({"id": 0, "prompt": "hi"})])
     assert main(["summarize", str(prompts)]) == 2
     assert "line 1: 'status' is None" in error_line(capsys)
+    # explain's --json: one indented document, whose line "  0.5," once parsed as a record
+    explained = tmp_path / "explain.json"
+    explained.write_text(json.dumps({"status": "ok", "credits": [0.5, 0.25]}, indent=1))
+    assert main(["summarize", str(explained)]) == 2
+    assert error_line(capsys) == (
+        f"iglens: error: {explained} is one JSON document over 7 lines (the --json output of "
+        "'iglens explain'?), not the JSON lines of 'iglens run': give the --output file of a "
+        "run")
 
 
 def test_damaged_line_is_reported_once_per_resumed_run(tmp_path):
