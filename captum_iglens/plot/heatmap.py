@@ -195,10 +195,13 @@ def draw_lens_terms(fig: Figure, ax: Any, result: ResultView, row_pt: float,
     _layer_ticks(ax, layer_labels(result.layer_indices, result.granularity), col_pt)
     _token_ticks(ax, result, row_pt)
     ax.set_xlabel("layer")
-    ax.set_title("lens terms per token and layer\n(apart from the credits)", fontsize=9)
+    # the legend sits between the title and the panel (below it, it met the x label)
+    ax.set_title("lens terms per token and layer\n(apart from the credits)", fontsize=9,
+                 pad=28)
     ax.legend(handles=[Patch(facecolor="#d0d0d0", edgecolor="#707070", hatch="///",
-                             label=LENS_LABEL)], fontsize=6, loc="upper center",
-              bbox_to_anchor=(0.5, -0.12), frameon=False)
+                             label=LENS_LABEL.replace(": ", ":\n", 1))],
+              fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+              borderaxespad=0.2)
 
 
 def _token_ticks(ax: Any, result: ResultView, row_pt: float) -> None:

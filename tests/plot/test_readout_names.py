@@ -101,3 +101,21 @@ def test_the_top_k_plots_name_the_readout(per_layer) -> None:
     grids = [ax for ax in plot_result(result).axes if "top-1 token" in ax.get_title()]
     assert [ax.get_title() for ax in grids] == [
         f"{name} top-1 token\n(bold green = the answer token)"]
+
+
+@pytest.mark.parametrize("draw", ["result", "heatmap"])
+def test_the_lens_legend_meets_neither_the_x_label_nor_the_title(draw) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from captum_iglens.plot.heatmap import plot_heatmap
+
+    result = _per_layer("probability", TUNED)
+    fig = plot_result(result) if draw == "result" else plot_heatmap(result)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # lays the figure out
+    renderer = canvas.get_renderer()
+    (ax,) = [a for a in fig.axes if a.get_title().startswith("lens terms")]
+    legend = ax.get_legend().get_window_extent(renderer)
+    for other in (ax.xaxis.label, ax.title):
+        assert not legend.overlaps(other.get_window_extent(renderer)), other.get_text()
+    assert not legend.overlaps(ax.get_window_extent(renderer))  # nor the cells
