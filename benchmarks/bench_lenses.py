@@ -72,15 +72,23 @@ def _table(model, lenses: dict, hidden: torch.Tensor) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--model", default="smollm2",
+                        help="what `iglens fit-lens --model` takes (default: smollm2)")
     parser.add_argument("--save", action="store_true",
-                        help="store the fitted lenses in the lens cache")
-    parser.add_argument("--train", type=int, default=40)
-    parser.add_argument("--held-out", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--batch-tokens", type=int, default=32)
-    parser.add_argument("--jacobian-prompts", type=int, default=2)
+                        help="store the fitted lenses in the lens cache (where --lens and "
+                        "`iglens benchmark --lenses` read them)")
+    parser.add_argument("--train", type=int, default=40,
+                        help="corpus chunks the lenses are fitted on (default: 40)")
+    parser.add_argument("--held-out", type=int, default=8,
+                        help="corpus chunks after them, for the table (default: 8)")
+    parser.add_argument("--seq-len", type=int, default=64,
+                        help="tokens a chunk (default: 64)")
+    parser.add_argument("--steps", type=int, default=120,
+                        help="Adam steps of the tuned-lens fit (default: 120)")
+    parser.add_argument("--batch-tokens", type=int, default=32,
+                        help="tokens an Adam step (default: 32)")
+    parser.add_argument("--jacobian-prompts", type=int, default=2,
+                        help="training chunks the Jacobian is averaged over (default: 2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     omp = os.environ.get("OMP_NUM_THREADS")

@@ -36,10 +36,11 @@ DESCRIPTION = (
     "OUT/cells/<family>__<task>.json (skipped on a rerun when its fingerprint matches) with "
     "its measurements beside it (.measurements.json.gz), OUT/benchmark.json, "
     "OUT/benchmark.md and OUT/benchmark.png; --reuse-only writes them from the cells "
-    "already in OUT and runs none. With --lenses, the lens addendum "
-    "(prereg_lenses.json) adds the readout credit under each fitted lens, scored against "
-    "the cell's stored drops, in OUT/cells/<family>__<task>__lens-<kind>.json, and its "
-    "hypotheses L1/L2 in a block of their own."
+    "already in OUT and runs none (missing lens rows are computed from them). With "
+    "--lenses, the lens addendum (prereg_lenses.json) adds the readout credit under each "
+    "fitted lens, scored against the cell's stored drops, in "
+    "OUT/cells/<family>__<task>__lens-<kind>.json, and its hypotheses L1/L2 in a block of "
+    "their own."
 ).replace("%%", "%")
 EXIT_STATUS = exit_status_help(
     runtime="runtime error: a model could not be loaded, fewer than 2 pairs of a task are "
@@ -91,7 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the tables from the cells already in OUT whose "
                         "fingerprint matches; a (family, task) without one is named and "
                         "skipped, none is run (cells measured over several sessions or "
-                        "machines, then tabulated together)")
+                        "machines, then tabulated together); with --lenses, a reused cell's "
+                        "missing lens rows are computed from its stored measurements (no "
+                        "intervention is re-run) and named")
     parser.add_argument("--lenses", action="append", default=None, metavar="KINDS",
                         help="lens addendum: also score the readout credit under these fitted "
                         "lenses (tuned, jacobian; comma separated), read from the lens cache "
@@ -127,10 +130,10 @@ def _check_tasks(args: argparse.Namespace) -> None:
         try:
             args.task_files[task] = load_pairs(task)
         except (OSError, UnicodeDecodeError, ValueError) as err:
-            raise UsageError(f"--task {task!r}: not one of {', '.join(TASK_NAMES)} and not a "
+            raise UsageError(f"--tasks {task!r}: not one of {', '.join(TASK_NAMES)} and not a "
                              f"pairs file ({err})") from err
     if len(set(args.tasks)) != len(args.tasks):
-        raise UsageError("--task: a task is named twice")
+        raise UsageError("--tasks: a task is named twice")
 
 
 def _check_models(args: argparse.Namespace) -> None:
@@ -141,7 +144,7 @@ def _check_models(args: argparse.Namespace) -> None:
     args.models = [FAMILY_MODELS.get(m, m) for m in args.models]
     for spec in args.models:
         if not is_model_name(spec) and not Path(spec).exists():
-            raise UsageError(f"--model {spec!r}: neither a model name nor an existing path")
+            raise UsageError(f"--families {spec!r}: neither a model name nor an existing path")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,6 +230,8 @@ def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell
             print(f"{where}: reused", file=sys.stderr)
         elif found["status"] != "ok":
             print(f"{where}: {found['message']}", file=sys.stderr)
+        else:  # said even under --reuse-only: it computes (no intervention is re-run)
+            print(f"{where}: computed from the cell's stored measurements", file=sys.stderr)
         found_all.append(found)
     return found_all
 

@@ -209,6 +209,8 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
     err = capsys.readouterr().err
     assert "reused" in err and cell_file.read_text() == before  # the cell is not re-run
     assert f"iglens fit-lens --kind jacobian --model {tiny_folder}" in err
+    # computing a lens file is said, even with --no-progress; a rerun reuses it
+    assert "tuned lens: computed from the cell's stored measurements" in err
     table = (out / "benchmark.md").read_text()
     block = table[table.index("## Lens addendum"):]
     assert "| readout credit (tuned lens) |" in block and "n/a (no fitted lens)" in block
@@ -220,6 +222,10 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
     saved = json.loads((out / "benchmark.json").read_text())
     assert {c["kind"]: c["status"] for c in saved["lens_addendum"]["cells"]} == {
         "tuned": "ok", "jacobian": "n/a"}
+    capsys.readouterr()
+    assert main([*argv, "--lenses", "tuned", "--reuse-only"]) == 0
+    err = capsys.readouterr().err
+    assert "tuned lens: reused" in err and "computed" not in err
     assert main([*argv, "--lenses", "logit"]) == 2
 
 
