@@ -246,3 +246,24 @@ def test_a_jacobian_lens_gives_its_own_rows_and_l2(loaded, cell, tmp_path) -> No
     assert np.abs(credits - stored).max() > 0 and np.abs(got["lens_change"]["zero"]).max() > 0
     name = "readout credit (Jacobian lens)"
     assert got["scores"]["mean"]["probability"]["decided"][name]["n"] == 6
+
+
+def test_the_figure_marks_a_missing_value_na_not_blank() -> None:
+    """imshow leaves NaN blank, which on the diverging map reads as rho near 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from captum_iglens.validate.benchmark.tables import mark_missing
+
+    grid = np.array([[0.5, np.nan], [np.nan, -0.2], [0.0, 0.1]])
+    fig, ax = plt.subplots()
+    try:
+        ax.imshow(grid, vmin=-1, vmax=1)
+        mark_missing(ax, grid)
+        marked = sorted((int(t.get_position()[1]), int(t.get_position()[0]))
+                        for t in ax.texts if t.get_text() == "n/a")
+    finally:
+        plt.close(fig)
+    assert marked == [(0, 1), (1, 0)]  # (row, column) of each NaN, and only those

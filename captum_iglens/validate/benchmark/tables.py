@@ -173,12 +173,22 @@ def hypotheses_table(cells: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def mark_missing(ax: Any, grid: np.ndarray) -> None:
+    """Write "n/a" on the heat map's cells without a value (NaN), which imshow leaves blank.
+
+    Blank would read as rho near 0 on the diverging colour map (a family with no fitted lens,
+    a predictor that failed).
+    """
+    for i, j in zip(*np.nonzero(np.isnan(grid)), strict=True):
+        ax.text(j, i, "n/a", ha="center", va="center", fontsize=6, color="0.35")
+
+
 def figure(cells: Sequence[Mapping[str, Any]], path: Path,
            lens_cells: Sequence[Mapping[str, Any]] = ()) -> Path:
     """Heat maps of the mean rho, predictors x (family, task), one panel per intervention.
 
     With ``lens_cells`` (the lens addendum), its rows follow, labelled ``addendum: ...``
-    (blank where a family has no fitted lens). Written with matplotlib's Agg backend to
+    ("n/a" where a family has no fitted lens). Written with matplotlib's Agg backend to
     ``path`` (PNG); returns ``path``.
     """
     import matplotlib
@@ -206,6 +216,7 @@ def figure(cells: Sequence[Mapping[str, Any]], path: Path,
                 grid[i, j] = found.get("scores", {}).get(kind, {}).get(unit, {}).get(
                     "decided", {}).get(name, {}).get("mean", np.nan)
         image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu_r", aspect="auto")
+        mark_missing(ax, grid)
         ax.set_title(f"{kind}\n({unit})", fontsize=9)
         ax.set_xticks(range(len(cells)), heads, fontsize=7, rotation=90)
         ax.set_yticks(range(len(labels)), labels, fontsize=8)
