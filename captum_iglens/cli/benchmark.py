@@ -36,7 +36,9 @@ DESCRIPTION = (
     "OUT/cells/<family>__<task>.json (skipped on a rerun when its fingerprint matches) with "
     "its measurements beside it (.measurements.json.gz), OUT/benchmark.json, "
     "OUT/benchmark.md and OUT/benchmark.png; --reuse-only writes them from the cells "
-    "already in OUT and runs none (missing lens rows are computed from them). With "
+    "already in OUT and runs none (missing lens rows are computed from them); "
+    "--tables-only writes them from the cell and lens files there without loading any "
+    "model (a committed run on a machine without its models). With "
     "--lenses, the lens addendum (prereg_lenses.json) adds the readout credit under each "
     "fitted lens, scored against the cell's stored drops, in "
     "OUT/cells/<family>__<task>__lens-<kind>.json, and its hypotheses L1/L2 in a block of "
@@ -95,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "machines, then tabulated together); with --lenses, a reused cell's "
                         "missing lens rows are computed from its stored measurements (no "
                         "intervention is re-run) and named")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="write the tables from the cell and lens files already in OUT "
+                        "without loading any model: a file is used when its fingerprint is "
+                        "what today's code, settings and pairs give (its weights digest as "
+                        "recorded); the others are named and left out, none is run (a "
+                        "committed run, on a machine without its models or fitted lenses)")
     parser.add_argument("--lenses", action="append", default=None, metavar="KINDS",
                         help="lens addendum: also score the readout credit under these fitted "
                         "lenses (tuned, jacobian; comma separated), read from the lens cache "
@@ -102,9 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "one reads n/a); default: none")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars on stderr")
+    opts.add_check(parser, _check_modes)
     opts.add_check(parser, _check_lenses)
     opts.add_check(parser, _check_tasks)
     opts.add_check(parser, _check_models)
+
+
+def _check_modes(args: argparse.Namespace) -> None:
+    given = [flag for flag, on in (("--cost", args.cost), ("--reuse-only", args.reuse_only),
+                                   ("--tables-only", args.tables_only)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)}: give one of them (--cost counts, "
+                         "--reuse-only loads the models and checks their weights, "
+                         "--tables-only loads none)")
 
 
 def _check_lenses(args: argparse.Namespace) -> None:
@@ -173,14 +191,15 @@ def run(args: argparse.Namespace) -> int:
     shown = progress_enabled() and not args.no_progress
     todo = [(m, t) for m in args.models for t in args.tasks
             if family_runs_task(m, t)]
+    if args.tables_only:
+        return _tables_only(args, out, todo, settings)
     loaded: dict[str, tuple] = {}
     for spec, task in tqdm(todo, desc="benchmark", unit="cell", disable=not shown):
         if spec not in loaded:
             loaded.clear()  # one model in memory at a time
             loaded[spec] = load(spec)
         model, tokenizer = loaded[spec]
-        family = Path(spec).name if Path(spec).exists() else spec.lower()
-        name = Path(task).stem if task in args.task_files else task
+        family, name = _names(args, spec, task)
         pairs = args.task_files.get(task) or task_pairs(task)
         if args.cost:
             print(json.dumps({"family": family, "task": name, **bench_cost.cell_cost(
@@ -210,6 +229,31 @@ def run(args: argparse.Namespace) -> int:
         raise RuntimeError(f"--reuse-only: no cell in {out / 'cells'} matches these "
                            "families, tasks and settings (the fingerprint holds --max-pairs, "
                            "--n-boot, --seed and --captum-steps: give those the cells ran "
+                           "with)")
+    _write(out, cells, lens_cells, bool(args.lenses))
+    return 0
+
+
+def _names(args: argparse.Namespace, spec: str, task: str) -> tuple[str, str]:
+    """The family and task names of a cell file."""
+    family = Path(spec).name if Path(spec).exists() else spec.lower()
+    return family, Path(task).stem if task in args.task_files else task
+
+
+def _tables_only(args: argparse.Namespace, out: Path, todo: list, settings: dict) -> int:
+    """--tables-only: the tables from the files in OUT, no model loaded."""
+    from captum_iglens.validate.benchmark.collect import read_cells
+    from captum_iglens.validate.benchmark.tasks import task_pairs
+
+    wanted = [(*_names(args, spec, task), args.task_files.get(task) or task_pairs(task))
+              for spec, task in todo]
+    cells, lens_cells, notes = read_cells(out, wanted, settings, args.lenses)
+    for line in notes:
+        print(line, file=sys.stderr)
+    if not cells:
+        raise RuntimeError(f"--tables-only: no cell file in {out / 'cells'} has today's "
+                           "fingerprint for these families, tasks and settings (give the "
+                           "--max-pairs, --n-boot, --seed and --captum-steps the cells ran "
                            "with)")
     _write(out, cells, lens_cells, bool(args.lenses))
     return 0

@@ -169,3 +169,53 @@ def test_reuse_only_tabulates_the_cells_there_and_runs_none(tiny_folder, pairs_f
     assert main([*argv[:-3], "--out", str(out), "--seed", "5", "--task", str(pairs_file),
                  "--reuse-only", "--no-progress"]) == 1
     assert "no cell in" in capsys.readouterr().err
+
+
+def test_tables_only_tabulates_the_files_with_todays_fingerprint_and_loads_no_model(
+        tiny_folder, pairs_file, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "bench"
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--max-pairs", "3", "--captum-steps", "2", "--n-boot", "20", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    ran = (out / "benchmark.md").read_text()
+    (out / "benchmark.md").unlink()
+    import captum_iglens.cli.benchmark as bench_cli
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("--tables-only loaded a model")
+
+    monkeypatch.setattr(bench_cli, "load", no_load)
+    capsys.readouterr()
+    assert main([*argv, "--tables-only"]) == 0
+    assert "read" in capsys.readouterr().err
+    assert (out / "benchmark.md").read_text() == ran  # the same file, the same tables
+    # a cell whose analysis hash is not today's is named and left out, never tabulated
+    cell_file = runner.cell_path(out, tiny_folder.name, "tiny_pairs")
+    cell = json.loads(cell_file.read_text())
+    today = cell["fingerprint"]
+    other = json.loads(json.dumps(today))
+    other["analysis"]["verdict_module_sha256"] = "0" * 64
+    other["digest"] = runner.fingerprint_digest(other)
+    cell_file.write_text(json.dumps({**cell, "fingerprint": other}))
+    assert main([*argv, "--tables-only"]) == 1
+    err = capsys.readouterr().err
+    assert "was made with another analysis" in err and "no cell file" in err
+    # an entry edited after the file was written: its digest no longer matches, left out
+    edited = json.loads(json.dumps(today))
+    edited["analysis"]["verdict_module_sha256"] = "0" * 64
+    cell_file.write_text(json.dumps({**cell, "fingerprint": edited}))
+    assert main([*argv, "--tables-only"]) == 1
+    assert "does not match its own digest" in capsys.readouterr().err
+    # other settings than the cell's: another fingerprint, left out
+    cell_file.write_text(json.dumps(cell))
+    assert main([*argv, "--tables-only"]) == 0
+    assert main([*argv[:-1], "--seed", "3", "--no-progress", "--tables-only"]) == 1
+    assert "was made with another settings" in capsys.readouterr().err
+
+
+def test_tables_only_excludes_cost_and_reuse_only(tiny_folder, pairs_file, tmp_path, capsys):
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--out", str(tmp_path / "b"), "--tables-only"]
+    assert main([*argv, "--reuse-only"]) == 2
+    assert "--reuse-only and --tables-only: give one of them" in capsys.readouterr().err

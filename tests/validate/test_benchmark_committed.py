@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,34 @@ def _same(stored: Any, fresh: Any, where: str) -> None:
 
 def test_the_committed_run_has_cells() -> None:
     assert len(CELL_FILES) >= 6, f"no benchmark cells under {CELLS}"
+
+
+def test_the_committed_tables_are_the_committed_cells_tabulated(tmp_path, capsys) -> None:
+    """benchmark.md is what ``--tables-only`` writes from the committed cell and lens files
+    (no model loaded), byte for byte: no table was edited by hand or left stale, and every
+    cell file carries today's fingerprint (analysis code, pre-registration, settings, pairs).
+    """
+    from captum_iglens.cli import main
+    from captum_iglens.validate.benchmark.families import FAMILY_MODELS
+
+    families = [m for m in FAMILY_MODELS.values() if any(
+        json.loads(p.read_text())["family"] == m for p in CELL_FILES)]
+    settings = {json.dumps(json.loads(p.read_text())["fingerprint"]["settings"],
+                           sort_keys=True) for p in CELL_FILES}
+    assert len(settings) == 1, f"the committed cells ran with different settings: {settings}"
+    run = json.loads(settings.pop())
+    shutil.copytree(CELLS, tmp_path / "cells")
+    argv = ["benchmark", "--families", ",".join(families), "--tasks", "ioi,factual,packaged",
+            "--max-pairs", str(run["pairs"]), "--n-boot", str(run["n_boot"]), "--seed",
+            str(run["seed"]), "--captum-steps", str(run["captum_steps"]),
+            "--lenses", "tuned,jacobian", "--out", str(tmp_path), "--tables-only",
+            "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "left out" not in err, err
+    assert err.count(": read ") == len(CELL_FILES)
+    committed = (CELLS.parent / "benchmark.md").read_text(encoding="utf-8")
+    assert (tmp_path / "benchmark.md").read_text(encoding="utf-8") == committed
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ from captum_iglens.validate.benchmark.tasks import aligned, answered
 from captum_iglens.validate.pairs import PromptPair, couple_clusters
 
 __all__ = ["DONORS", "FAMILY_MODELS", "SUBSETS", "cell_fingerprint", "cell_path",
-           "family_runs_task", "load_cell",
+           "family_runs_task", "fingerprint_digest", "fingerprint_entries", "load_cell",
            "measure_cell", "required_families", "run_cell", "seeds_of",
            "write_cell"]
 
@@ -59,6 +59,20 @@ SUBSETS = 32
 def _pairs_hash(pairs: Sequence[PromptPair]) -> str:
     text = json.dumps([p.__dict__ for p in pairs], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint_entries(family: str, task: str, weights: Any, analysis: Mapping[str, Any],
+                        settings: Mapping[str, Any], pairs: Sequence[PromptPair]
+                        ) -> dict[str, Any]:
+    """A cell fingerprint's entries (no digest), from a weights digest already read."""
+    return {"family": family, "task": task, "weights": weights, "analysis": dict(analysis),
+            "settings": dict(settings), "pairs": _pairs_hash(pairs)}
+
+
+def fingerprint_digest(entries: Mapping[str, Any]) -> str:
+    """The 16-hex-digit digest of a cell fingerprint's entries (``digest`` left out)."""
+    body = {k: v for k, v in entries.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def cell_fingerprint(model: Any, family: str, task: str, pairs: Sequence[PromptPair],
@@ -73,11 +87,9 @@ def cell_fingerprint(model: Any, family: str, task: str, pairs: Sequence[PromptP
     """
     from captum_iglens.run.fingerprint import weights_digest
 
-    entries = {"family": family, "task": task, "weights": weights_digest(model),
-               "analysis": analysis_version(), "settings": dict(settings),
-               "pairs": _pairs_hash(pairs)}
-    entries["digest"] = hashlib.sha256(
-        json.dumps(entries, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    entries = fingerprint_entries(family, task, weights_digest(model), analysis_version(),
+                                  settings, pairs)
+    entries["digest"] = fingerprint_digest(entries)
     return entries
 
 
