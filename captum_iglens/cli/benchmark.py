@@ -225,12 +225,16 @@ def run(args: argparse.Namespace) -> int:
                                   shown)
     if args.cost:
         return 0
+    return _write_found("--reuse-only", out, cells, lens_cells, bool(args.lenses))
+
+
+def _write_found(flag: str, out: Path, cells: list, lens_cells: list, lenses: bool) -> int:
+    """Write the tables of the cells found, or say why there are none."""
     if not cells:
-        raise RuntimeError(f"--reuse-only: no cell in {out / 'cells'} matches these "
-                           "families, tasks and settings (the fingerprint holds --max-pairs, "
-                           "--n-boot, --seed and --captum-steps: give those the cells ran "
-                           "with)")
-    _write(out, cells, lens_cells, bool(args.lenses))
+        raise RuntimeError(f"{flag}: no cell in {out / 'cells'} matches these families, "
+                           "tasks and settings (the fingerprint holds --max-pairs, --n-boot, "
+                           "--seed and --captum-steps: give those the cells ran with)")
+    _write(out, cells, lens_cells, lenses)
     return 0
 
 
@@ -250,13 +254,7 @@ def _tables_only(args: argparse.Namespace, out: Path, todo: list, settings: dict
     cells, lens_cells, notes = read_cells(out, wanted, settings, args.lenses)
     for line in notes:
         print(line, file=sys.stderr)
-    if not cells:
-        raise RuntimeError(f"--tables-only: no cell file in {out / 'cells'} has today's "
-                           "fingerprint for these families, tasks and settings (give the "
-                           "--max-pairs, --n-boot, --seed and --captum-steps the cells ran "
-                           "with)")
-    _write(out, cells, lens_cells, bool(args.lenses))
-    return 0
+    return _write_found("--tables-only", out, cells, lens_cells, bool(args.lenses))
 
 
 def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell: dict,
