@@ -101,7 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the tables from the cell and lens files already in OUT "
                         "without loading any model: a file is used when its fingerprint is "
                         "what today's code, settings and pairs give (its weights digest as "
-                        "recorded); the others are named and left out, none is run (a "
+                        "recorded) and its numbers are what its stored measurements give "
+                        "when re-analysed (a few seconds a cell); the others are named and "
+                        "left out, at the end of benchmark.md too; none is run (a "
                         "committed run, on a machine without its models or fitted lenses)")
     parser.add_argument("--lenses", action="append", default=None, metavar="KINDS",
                         help="lens addendum: also score the readout credit under these fitted "
@@ -123,6 +125,9 @@ def _check_modes(args: argparse.Namespace) -> None:
         raise UsageError(f"{' and '.join(given)}: give one of them (--cost counts, "
                          "--reuse-only loads the models and checks their weights, "
                          "--tables-only loads none)")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: a file, not a folder (give the benchmark's "
+                         "output folder)")
 
 
 def _check_lenses(args: argparse.Namespace) -> None:
@@ -179,20 +184,21 @@ def run(args: argparse.Namespace) -> int:
     from captum_iglens._utils.progress import progress_enabled
     from captum_iglens.validate.benchmark import cost as bench_cost
     from captum_iglens.validate.benchmark import runner
+    from captum_iglens.validate.benchmark.collect import verify_cell
     from captum_iglens.validate.benchmark.families import family_runs_task
     from captum_iglens.validate.benchmark.tasks import task_pairs
 
     out = Path(args.out)
-    if not args.cost:  # --cost writes nothing
+    if not args.cost and not args.tables_only:  # --cost writes nothing, --tables-only reads
         (out / "cells").mkdir(parents=True, exist_ok=True)
     settings = {"pairs": args.pairs, "n_boot": args.n_boot, "seed": args.seed,
                 "captum_steps": args.captum_steps}
-    cells, lens_cells = [], []
+    cells, lens_cells, left_out = [], [], []
     shown = progress_enabled() and not args.no_progress
     todo = [(m, t) for m in args.models for t in args.tasks
             if family_runs_task(m, t)]
     if args.tables_only:
-        return _tables_only(args, out, todo, settings)
+        return _tables_only(args, out, todo, settings, shown)
     loaded: dict[str, tuple] = {}
     for spec, task in tqdm(todo, desc="benchmark", unit="cell", disable=not shown):
         if spec not in loaded:
@@ -208,9 +214,15 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = runner.cell_fingerprint(model, family, name, pairs, settings)
         path = runner.cell_path(out, family, name)
         cell = runner.load_cell(path, fingerprint["digest"])
+        problem = None if cell is None else verify_cell(cell, path, args.n_boot,
+                                                        args.seed)[0]
+        if problem:
+            print(f"{family} / {name}: {path.name}: {problem} (not reused)", file=sys.stderr)
+            cell = None
         if cell is None and args.reuse_only:
-            print(f"{family} / {name}: no cell with this fingerprint in {path.parent} "
-                  "(skipped: --reuse-only runs none)", file=sys.stderr)
+            left_out.append(f"{family} / {name}: no cell with this fingerprint and its "
+                            f"measurements' numbers in {path.parent} (--reuse-only runs none)")
+            print(f"{left_out[-1]} (skipped)", file=sys.stderr)
             continue
         if cell is None:
             cell = runner.run_cell(model.eval(), tokenizer, family, name, pairs, args.pairs,
@@ -225,16 +237,17 @@ def run(args: argparse.Namespace) -> int:
                                   shown)
     if args.cost:
         return 0
-    return _write_found("--reuse-only", out, cells, lens_cells, bool(args.lenses))
+    return _write_found("--reuse-only", out, cells, lens_cells, bool(args.lenses), left_out)
 
 
-def _write_found(flag: str, out: Path, cells: list, lens_cells: list, lenses: bool) -> int:
+def _write_found(flag: str, out: Path, cells: list, lens_cells: list, lenses: bool,
+                 left_out: list) -> int:
     """Write the tables of the cells found, or say why there are none."""
     if not cells:
         raise RuntimeError(f"{flag}: no cell in {out / 'cells'} matches these families, "
                            "tasks and settings (the fingerprint holds --max-pairs, --n-boot, "
                            "--seed and --captum-steps: give those the cells ran with)")
-    _write(out, cells, lens_cells, lenses)
+    _write(out, cells, lens_cells, lenses, left_out)
     return 0
 
 
@@ -244,23 +257,32 @@ def _names(args: argparse.Namespace, spec: str, task: str) -> tuple[str, str]:
     return family, Path(task).stem if task in args.task_files else task
 
 
-def _tables_only(args: argparse.Namespace, out: Path, todo: list, settings: dict) -> int:
+def _tables_only(args: argparse.Namespace, out: Path, todo: list, settings: dict,
+                 shown: bool) -> int:
     """--tables-only: the tables from the files in OUT, no model loaded."""
     from captum_iglens.validate.benchmark.collect import read_cells
     from captum_iglens.validate.benchmark.tasks import task_pairs
 
+    if not (out / "cells").is_dir():
+        raise RuntimeError(f"--tables-only: no folder {out / 'cells'} (copy a run's cells/ "
+                           "into OUT first; --tables-only reads, it runs nothing)")
     wanted = [(*_names(args, spec, task), args.task_files.get(task) or task_pairs(task))
               for spec, task in todo]
-    cells, lens_cells, notes = read_cells(out, wanted, settings, args.lenses)
-    for line in notes:
+    cells, lens_cells, used, left_out = read_cells(out, wanted, settings, args.lenses,
+                                                   progress=shown)
+    for line in used:
         print(line, file=sys.stderr)
-    return _write_found("--tables-only", out, cells, lens_cells, bool(args.lenses))
+    for line in left_out:
+        print(f"{line} (left out)", file=sys.stderr)
+    return _write_found("--tables-only", out, cells, lens_cells, bool(args.lenses),
+                        left_out)
 
 
 def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell: dict,
                 path: Path, pairs: list, spec: str, shown: bool) -> list[dict]:
     """The lens addendum's files of one cell, one per ``--lenses`` kind."""
     from captum_iglens.validate.benchmark import lens_rows
+    from captum_iglens.validate.benchmark.collect import verify_lens_cell
 
     found_all = []
     for kind in args.lenses:
@@ -269,6 +291,12 @@ def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell
                                                 progress=shown)
         where = f"{cell['family']} / {cell['task']} / {kind} lens"
         if reused:
+            problem = verify_lens_cell(found, cell, lens_rows.read_measurements(path), kind,
+                                       args.n_boot)
+            if problem:
+                print(f"{where}: {problem} (left out; delete the file to recompute it)",
+                      file=sys.stderr)
+                continue
             print(f"{where}: reused", file=sys.stderr)
         elif found["status"] != "ok":
             print(f"{where}: {found['message']}", file=sys.stderr)
@@ -278,8 +306,13 @@ def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell
     return found_all
 
 
-def _write(out: Path, cells: list, lens_cells: list, lenses: bool) -> None:
-    """OUT/benchmark.json, .md and .png (the lens addendum's block when ``lenses``)."""
+def _write(out: Path, cells: list, lens_cells: list, lenses: bool,
+           left_out: list) -> None:
+    """OUT/benchmark.json, .md and .png.
+
+    The lens addendum's block when ``lenses``; the files left out, when any, named at the end
+    of the Markdown and in the JSON.
+    """
     from captum_iglens.validate.benchmark import tables as bench_tables
 
     tables = bench_tables.markdown_tables(cells)
@@ -287,6 +320,10 @@ def _write(out: Path, cells: list, lens_cells: list, lenses: bool) -> None:
     if lenses:  # the addendum's block, apart from the pre-registration's tables
         tables["lenses"] = bench_tables.lens_tables(cells, lens_cells)
         saved["lens_addendum"] = bench_tables.lens_json(lens_cells)
+    if left_out:  # a partial table says so in the file, not only on stderr
+        tables["left out"] = "## Left out of these tables\n\n" + "\n".join(
+            f"- {line}" for line in left_out)
+        saved["left_out"] = list(left_out)
     (out / "benchmark.json").write_text(json.dumps(saved, indent=1), encoding="utf-8")
     (out / "benchmark.md").write_text("\n\n".join(tables.values()) + "\n", encoding="utf-8")
     bench_tables.figure(cells, out / "benchmark.png", lens_cells)

@@ -164,7 +164,9 @@ def test_reuse_only_tabulates_the_cells_there_and_runs_none(tiny_folder, pairs_f
     err = capsys.readouterr().err
     assert "reused" in err and "other_pairs: no cell with this fingerprint" in err
     assert not runner.cell_path(out, tiny_folder.name, "other_pairs").exists()
-    assert (out / "benchmark.md").read_text() == ran  # the same cell, the same tables
+    table = (out / "benchmark.md").read_text()  # the same cell, the same tables ...
+    assert table.startswith(ran.rstrip("\n") + "\n\n## Left out of these tables\n")
+    assert "other_pairs: no cell with this fingerprint" in table  # ... and what they lack
     # other settings are another fingerprint: nothing matches, a clear error
     assert main([*argv[:-3], "--out", str(out), "--seed", "5", "--task", str(pairs_file),
                  "--reuse-only", "--no-progress"]) == 1
@@ -219,3 +221,79 @@ def test_tables_only_excludes_cost_and_reuse_only(tiny_folder, pairs_file, tmp_p
             "--out", str(tmp_path / "b"), "--tables-only"]
     assert main([*argv, "--reuse-only"]) == 2
     assert "--reuse-only and --tables-only: give one of them" in capsys.readouterr().err
+
+
+def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
+        tiny_folder, pairs_file, tmp_path, capsys):
+    """The fingerprint vouches for a cell's inputs; its numbers are re-analysed from the
+    measurements stored beside it: an edited score or verdict, a deleted verdict, missing or
+    garbled measurements and a file that is no cell are named and left out (in benchmark.md
+    too), never tabulated, and never a crash."""
+    out = tmp_path / "bench"
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--max-pairs", "3", "--captum-steps", "2", "--n-boot", "20", "--out", str(out),
+            "--no-progress"]
+    assert main(argv) == 0
+    cell_file = runner.cell_path(out, tiny_folder.name, "tiny_pairs")
+    heavy = cell_file.with_suffix(".measurements.json.gz")
+    cell = json.loads(cell_file.read_text())
+    garbled = {"a score": lambda c: c["scores"]["mean"]["probability"]["all"][
+                   "readout credit"].__setitem__("mean", 0.9876),
+               "a verdict": lambda c: c["hypotheses"]["B2"].__setitem__("verdict", "reversed"),
+               "a deleted verdict": lambda c: c["hypotheses"].pop("B4"),
+               "the seeds": lambda c: c.__setitem__("seeds", [5, 1, 2]),
+               "no scores": lambda c: c.pop("scores")}
+    expect = {"a score": "recorded 0.9876", "a verdict": "recorded 'reversed'",
+              "a deleted verdict": "no verdict for B4", "the seeds": "seeds [5, 1, 2]",
+              "no scores": "not a cell file"}
+    for what, edit in garbled.items():
+        edited = json.loads(json.dumps(cell))
+        edit(edited)
+        cell_file.write_text(json.dumps(edited))
+        capsys.readouterr()
+        assert main([*argv, "--tables-only"]) == 1, what
+        err = capsys.readouterr().err
+        assert expect[what] in err and "(left out)" in err, (what, err)
+        assert "--tables-only: no cell in" in err
+    cell_file.write_text("[1, 2]")  # JSON, but not a cell
+    assert main([*argv, "--tables-only"]) == 1
+    assert "no readable cell file" in capsys.readouterr().err
+    cell_file.write_text(json.dumps(cell))
+    saved = heavy.read_bytes()
+    for broken in (b"not gzip", None):
+        if broken is None:
+            heavy.unlink()
+        else:
+            heavy.write_bytes(broken)
+        assert main([*argv, "--tables-only"]) == 1
+        assert "its measurements" in capsys.readouterr().err
+    heavy.write_bytes(saved)
+    assert main([*argv, "--tables-only"]) == 0
+    assert "Left out" not in (out / "benchmark.md").read_text()
+    # a second task without its cell: the table is written, and says what it lacks
+    argv2 = [*argv, "--task", "packaged", "--tables-only"]
+    assert main(argv2) == 0
+    table = (out / "benchmark.md").read_text()
+    left = table[table.index("## Left out of these tables"):]
+    assert f"{tiny_folder.name} / packaged: no readable cell file" in left
+    assert json.loads((out / "benchmark.json").read_text())["left_out"]
+    # --reuse-only does not reuse an edited cell either
+    edited = json.loads(json.dumps(cell))
+    edited["hypotheses"]["B2"]["verdict"] = "reversed"
+    cell_file.write_text(json.dumps(edited))
+    capsys.readouterr()
+    assert main([*argv, "--reuse-only"]) == 1
+    err = capsys.readouterr().err
+    assert "recorded 'reversed'" in err and "(not reused)" in err
+
+
+def test_tables_only_reads_and_creates_nothing_else(tiny_folder, pairs_file, tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    argv = ["benchmark", "--model", str(tiny_folder), "--task", str(pairs_file),
+            "--tables-only", "--no-progress"]
+    assert main([*argv, "--out", str(missing)]) == 1
+    assert "no folder" in capsys.readouterr().err and not missing.exists()
+    a_file = tmp_path / "a_file.md"
+    a_file.write_text("x")
+    assert main([*argv, "--out", str(a_file)]) == 2
+    assert "a file, not a folder" in capsys.readouterr().err

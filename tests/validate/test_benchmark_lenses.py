@@ -227,6 +227,19 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
     err = capsys.readouterr().err
     assert "tuned lens: reused" in err and "computed" not in err
     assert main([*argv, "--lenses", "logit"]) == 2
+    # a lens file whose recorded numbers its rows do not give is left out, never tabulated
+    tuned_file = lens_rows.lens_path(out, tiny_folder.name, "tiny_pairs", "tuned")
+    edited = json.loads(tuned_file.read_text())
+    edited["magnitude"]["readout credit (tuned lens)"]["mean"] = -0.78
+    tuned_file.write_text(json.dumps(edited))
+    for mode in ("--reuse-only", "--tables-only"):
+        capsys.readouterr()
+        assert main([*argv, "--lenses", "tuned", mode]) == 0
+        err = capsys.readouterr().err
+        assert "recorded -0.78" in err and "left out" in err, (mode, err)
+        l1 = next(line for line in (out / "benchmark.md").read_text().splitlines()
+                  if line.startswith("| L1 "))
+        assert l1.endswith("| not run or left out |"), l1
 
 
 def test_a_jacobian_lens_gives_its_own_rows_and_l2(loaded, cell, tmp_path) -> None:

@@ -7,20 +7,185 @@ have. A cell file is used only when its stored fingerprint digest is what today'
 for its (family, task): the analysis code's and the pre-registration's hashes, the settings,
 the task's pairs; only the weights digest is taken as recorded (reading it would need the
 model). A lens file is used only when its digest is today's for its cell, its recorded lens,
-the addendum and the lens-row code. Anything else is named and left out, never tabulated.
+the addendum and the lens-row code. The fingerprint vouches for a file's inputs, not for its
+numbers: every cell's scores, curves, magnitude and verdicts are recomputed from the
+measurements stored beside it (``.measurements.json.gz``) by today's analysis, and every lens
+file's from its stored rows and those measurements (:func:`verify_cell`, a few seconds a cell);
+a file whose recorded numbers are not what its measurements give, that lacks its
+measurements, or that is not a cell file at all is named and left out, never tabulated.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from captum_iglens.validate.benchmark import runner
 from captum_iglens.validate.benchmark.decide import analysis_version
 from captum_iglens.validate.pairs import PromptPair
 
-__all__ = ["read_cells"]
+__all__ = ["REL", "first_difference", "read_cells", "verify_cell", "verify_lens_cell"]
+
+
+#: Relative tolerance between a recorded number and its re-analysis. Every stored number is
+#: a mean, a bootstrap quantile or an infidelity of float64 values that the same code sums in
+#: the same order; across CPUs only the SIMD width of numpy's pairwise summation may differ, a
+#: few float64 ulps per addition over at most 50,000 resampled terms: 50,000 * 2.2e-16 =
+#: 1.1e-11 relative.
+REL = 1e-10
+#: The parts of a cell file that are computed from its measurements.
+CELL_RESULTS = ("scores", "curves", "magnitude", "hypotheses")
+#: The parts of a lens file that are computed from its rows and the cell's measurements.
+LENS_RESULTS = ("scores", "magnitude", "hypotheses")
+_CELL_KEYS = ("family", "task", "seeds", "fingerprint", *CELL_RESULTS)
+
+
+def first_difference(stored: Any, fresh: Any, where: str = "") -> Optional[str]:
+    """Where two result trees first differ (None when every number agrees within :data:`REL`).
+
+    Args:
+        stored (any): Recorded JSON values (dicts, lists, numbers, strings, None).
+        fresh (any): The same recomputed.
+        where (str, optional): The path of ``stored`` in its file, for the message.
+
+    Returns:
+        str or None: ``"path: recorded X, recomputed Y"`` for the first difference (a key of
+        ``stored`` missing from ``fresh`` or the reverse, a length, a string, a number beyond
+        :data:`REL` relative or 1e-14 absolute), or None.
+    """
+    if isinstance(stored, dict):
+        return _mapping_difference(stored, fresh, where)
+    if isinstance(stored, list):
+        if not isinstance(fresh, (list, tuple)) or len(stored) != len(fresh):
+            return f"{where}: recorded {len(stored)} values, recomputed {fresh!r:.60}"
+        for i, (a, b) in enumerate(zip(stored, fresh, strict=True)):
+            found = first_difference(a, b, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return _leaf_difference(stored, fresh, where)
+
+
+def _mapping_difference(stored: Mapping[str, Any], fresh: Any, where: str) -> Optional[str]:
+    if not isinstance(fresh, dict):
+        return f"{where}: recorded a mapping, recomputed {type(fresh).__name__}"
+    for key in sorted(set(stored) ^ set(fresh)):
+        side = "recorded only" if key in stored else "recomputed only"
+        return f"{where}/{key}: {side}"
+    for key, value in stored.items():
+        found = first_difference(value, fresh[key], f"{where}/{key}")
+        if found:
+            return found
+    return None
+
+
+def _leaf_difference(stored: Any, fresh: Any, where: str) -> Optional[str]:
+    differ = f"{where}: recorded {stored!r}, recomputed {fresh!r}"
+    if any(isinstance(v, (bool, str, dict, list)) or v is None for v in (stored, fresh)):
+        return None if stored == fresh and type(stored) is type(fresh) else differ
+    try:
+        a, b = float(stored), float(fresh)
+    except (TypeError, ValueError):
+        return differ
+    if math.isnan(a) or math.isnan(b):
+        return None if math.isnan(a) and math.isnan(b) else differ
+    return None if math.isclose(a, b, rel_tol=REL, abs_tol=1e-14) else differ
+
+
+def _as_json(value: Any) -> Any:
+    """A result tree as its file would hold it (numpy scalars and arrays as JSON values)."""
+    return json.loads(json.dumps(runner._lists(value), allow_nan=True,
+                                 default=lambda o: o.tolist()))
+
+
+def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int
+                ) -> tuple[Optional[str], Optional[dict[str, Any]]]:
+    """Recompute a cell's results from its stored measurements and compare them.
+
+    Args:
+        cell (any): The cell file's content.
+        cell_file (Path): Its path (its measurements lie beside it).
+        n_boot (int): Resamples of the tables' 95% intervals (the run's ``--n-boot``).
+        seed (int): The run's first seed (the robustness seeds follow it).
+
+    Returns:
+        (str or None, dict or None): why the cell cannot be used (not a cell file, its seeds
+        not the run's, its measurements missing or unreadable, or the first recorded number
+        its measurements do not give), or None; and the measurements as arrays when read.
+    """
+    from captum_iglens.validate.benchmark.analysis import analyse
+    from captum_iglens.validate.benchmark.decide import load_preregistration
+    from captum_iglens.validate.benchmark.lens_rows import read_measurements
+
+    prereg = load_preregistration()
+    if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS):
+        got = sorted(cell) if isinstance(cell, dict) else type(cell).__name__
+        return f"not a cell file (a cell holds {', '.join(_CELL_KEYS)}; found {got})", None
+    missing = [h["id"] for h in prereg.hypotheses if h["id"] not in cell["hypotheses"]]
+    if missing:
+        return f"no verdict for {', '.join(missing)}", None
+    if cell["seeds"] != runner.seeds_of(prereg, seed):
+        return (f"seeds {cell['seeds']}, not the run's {runner.seeds_of(prereg, seed)}",
+                None)
+    heavy = Path(cell_file).with_suffix(".measurements.json.gz")
+    try:
+        data = read_measurements(cell_file)
+        fresh = analyse(data, prereg, n_boot, cell["seeds"])
+    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as err:
+        return (f"its measurements {heavy.name} could not be read or re-analysed "
+                f"({type(err).__name__}: {err})", None)
+    for part in CELL_RESULTS:
+        found = first_difference(cell[part], _as_json(fresh[part]), part)
+        if found:
+            return (f"its recorded numbers are not its measurements re-analysed by today's "
+                    f"code ({found})", data)
+    return None, data
+
+
+def verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any], kind: str,
+                     n_boot: int) -> Optional[str]:
+    """Recompute a lens file's results from its rows and the cell's measurements.
+
+    Args:
+        found (any): The lens file's content.
+        cell (mapping): Its cell (verified).
+        data (mapping): The cell's measurements as arrays.
+        kind (str): The lens kind.
+        n_boot (int): Resamples of the tables' 95% intervals.
+
+    Returns:
+        str or None: why the lens file cannot be used, or None.
+    """
+    import numpy as np
+
+    from captum_iglens.validate.benchmark.addendum import lens_predictor, load_lens_addendum
+    from captum_iglens.validate.benchmark.lens_rows import score_rows
+
+    addendum = load_lens_addendum()
+    name = lens_predictor(addendum, kind)["name"]
+    ids = [h["id"] for h in addendum.hypotheses if h["predictor"] == name]
+    if not isinstance(found, dict) or found.get("name") != name \
+            or not isinstance(found.get("hypotheses"), dict) \
+            or any(i not in found["hypotheses"] for i in ids):
+        return f"not a {kind} lens file (its name, or a verdict of {', '.join(ids)}, missing)"
+    if found.get("status") == "n/a":
+        wrong = [i for i in ids if found["hypotheses"][i].get("verdict") != "n/a"]
+        return f"an n/a lens file with a verdict for {', '.join(wrong)}" if wrong else None
+    if found.get("status") != "ok" or any(k not in found for k in ("rows", *LENS_RESULTS)):
+        return f"not a {kind} lens file (status {found.get('status')!r}, or no rows)"
+    try:
+        rows = {g: np.asarray(v, np.float64) for g, v in found["rows"].items()}
+        fresh = score_rows(data, rows, name, addendum, n_boot, cell["seeds"])
+    except (ValueError, KeyError, TypeError, IndexError) as err:
+        return f"its rows could not be re-scored ({type(err).__name__}: {err})"
+    for part in LENS_RESULTS:
+        diff = first_difference(found[part], _as_json(fresh[part]), part)
+        if diff:
+            return ("its recorded numbers are not its rows re-scored against the cell's "
+                    f"measurements ({diff})")
+    return None
 
 
 def _read(path: Path) -> Any:
@@ -37,8 +202,9 @@ def _cell_mismatch(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> st
 
 
 def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[PromptPair]]],
-               settings: Mapping[str, Any], lens_kinds: Sequence[str] = ()
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+               settings: Mapping[str, Any], lens_kinds: Sequence[str] = (),
+               progress: bool = False
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], list[str]]:
     """The cells (and lens files) of ``out_dir/cells`` that today's code would reuse.
 
     Args:
@@ -49,11 +215,16 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
         settings (mapping): ``pairs``, ``n_boot``, ``seed``, ``captum_steps`` as the run
             used them (they are part of the fingerprint).
         lens_kinds (sequence of str, optional): Lens addendum kinds to read beside each cell.
+        progress (bool, optional): A progress bar over the cells. Default: False.
 
     Returns:
-        (list, list, list of str): the cells in ``cells_wanted`` order, their lens files, and
-        one line for every file left out (missing, unreadable or another fingerprint) or used.
+        (list, list, list of str, list of str): the cells in ``cells_wanted`` order, their
+        lens files, one line for every file used, and one for every file left out (missing,
+        not a cell or lens file, another fingerprint, no readable measurements, or recorded
+        numbers that its measurements do not give).
     """
+    from tqdm.auto import tqdm
+
     from captum_iglens.validate.benchmark.addendum import load_lens_addendum
     from captum_iglens.validate.benchmark.lens_rows import lens_fingerprint, lens_path
 
@@ -61,36 +232,50 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
     addendum = load_lens_addendum()
     cells: list[dict[str, Any]] = []
     lens_cells: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for family, task, pairs in cells_wanted:
+    used: list[str] = []
+    left_out: list[str] = []
+    for family, task, pairs in tqdm(cells_wanted, desc="re-analyse", unit="cell",
+                                    disable=not progress):
         path = runner.cell_path(out_dir, family, task)
         cell = _read(path)
-        stored = (cell or {}).get("fingerprint") or {}
-        if not stored:
-            notes.append(f"{family} / {task}: no readable cell file at {path} (left out)")
+        stored = cell.get("fingerprint") if isinstance(cell, dict) else None
+        if not isinstance(stored, dict) or not stored:
+            left_out.append(f"{family} / {task}: no readable cell file with a fingerprint "
+                            f"at {path}")
             continue
         expected = runner.fingerprint_entries(family, task, stored.get("weights"), analysis,
                                               settings, pairs)
         digest = stored.get("digest")
         if digest != runner.fingerprint_digest(stored):  # edited after it was written
-            notes.append(f"{family} / {task}: {path.name}'s fingerprint does not match its "
-                         "own digest (left out)")
+            left_out.append(f"{family} / {task}: {path.name}'s fingerprint does not match "
+                            "its own digest")
             continue
         if runner.fingerprint_digest(expected) != digest:
-            notes.append(f"{family} / {task}: {path.name} was made with another "
-                         f"{_cell_mismatch(stored, expected)} (left out)")
+            left_out.append(f"{family} / {task}: {path.name} was made with another "
+                            f"{_cell_mismatch(stored, expected)}")
             continue
-        notes.append(f"{family} / {task}: read {path} (weights {stored['weights']} as "
-                     "recorded)")
+        problem, data = verify_cell(cell, path, int(settings["n_boot"]),
+                                    int(settings["seed"]))
+        if problem:
+            left_out.append(f"{family} / {task}: {path.name}: {problem}")
+            continue
+        used.append(f"{family} / {task}: read {path} (weights {stored['weights']} as "
+                    "recorded; its numbers re-analysed from its measurements agree)")
         cells.append(cell)
         for kind in lens_kinds:
             lpath = lens_path(out_dir, family, task, kind)
             found = _read(lpath)
-            lstored = (found or {}).get("fingerprint") or {}
+            lstored = found.get("fingerprint") if isinstance(found, dict) else None
+            lstored = lstored if isinstance(lstored, dict) else {}
             again = lens_fingerprint(cell, kind, lstored.get("lens"), addendum)
             if not lstored or again["digest"] != lstored.get("digest"):
-                notes.append(f"{family} / {task} / {kind} lens: no file with today's "
-                             f"fingerprint at {lpath} (left out)")
+                left_out.append(f"{family} / {task} / {kind} lens: no file with today's "
+                                f"fingerprint at {lpath}")
+                continue
+            problem = verify_lens_cell(found, cell, data or {}, kind,
+                                       int(settings["n_boot"]))
+            if problem:
+                left_out.append(f"{family} / {task} / {kind} lens: {lpath.name}: {problem}")
                 continue
             lens_cells.append(found)
-    return cells, lens_cells, notes
+    return cells, lens_cells, used, left_out

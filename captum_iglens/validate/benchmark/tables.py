@@ -104,7 +104,7 @@ def lens_tables(cells: Sequence[Mapping[str, Any]],
         kind = next(p["kind"] for p in kinds if p["name"] == name)
         found = index.get((cell["family"], cell["task"], kind))
         if found is None:
-            return "not run"
+            return "not run or left out"
         if found["status"] != "ok":
             return "n/a (no fitted lens)"
         return get(found, name)
@@ -132,7 +132,7 @@ def lens_tables(cells: Sequence[Mapping[str, Any]],
         row = []
         for cell in cells:
             found = index.get((cell["family"], cell["task"], kind))
-            row.append("not run" if found is None else _verdict(
+            row.append("not run or left out" if found is None else _verdict(
                 found.get("hypotheses", {}).get(h["id"], {"verdict": "n/a"})))
         lines.append(f"| {h['id']} {h['statement']} | " + " | ".join(row) + " |")
     blocks.append("\n".join(lines))
