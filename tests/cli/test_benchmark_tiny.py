@@ -242,10 +242,13 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
                "a verdict": lambda c: c["hypotheses"]["B2"].__setitem__("verdict", "reversed"),
                "a deleted verdict": lambda c: c["hypotheses"].pop("B4"),
                "the seeds": lambda c: c.__setitem__("seeds", [5, 1, 2]),
-               "no scores": lambda c: c.pop("scores")}
+               "no scores": lambda c: c.pop("scores"),
+               "the pairs used": lambda c: c["counts"].__setitem__("used", 30),
+               "the clusters": lambda c: c["clusters"].__setitem__("pair", 3)}
     expect = {"a score": "recorded 0.9876", "a verdict": "recorded 'reversed'",
               "a deleted verdict": "no verdict for B4", "the seeds": "seeds [5, 1, 2]",
-              "no scores": "not a cell file"}
+              "no scores": "not a cell file", "the pairs used": "recorded counts",
+              "the clusters": "clusters/pair: recorded 3"}
     for what, edit in garbled.items():
         edited = json.loads(json.dumps(cell))
         edit(edited)

@@ -22,6 +22,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+import numpy as np
+
 from captum_iglens.validate.benchmark import runner
 from captum_iglens.validate.benchmark.decide import analysis_version
 from captum_iglens.validate.pairs import PromptPair
@@ -141,7 +143,30 @@ def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int
         if found:
             return (f"its recorded numbers are not its measurements re-analysed by today's "
                     f"code ({found})", data)
+    found = first_difference(_recorded(cell), _as_json(_derived(data)), "")
+    if found:
+        return f"its recorded counts are not its measurements' ({found.lstrip('/')})", data
     return None, data
+
+
+def _recorded(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """What a cell file records about its measurements beside the results."""
+    counts = cell.get("counts")
+    return {"used": counts.get("used") if isinstance(counts, dict) else None,
+            **{k: cell.get(k) for k in ("clusters", "check_errors", "predictor_errors")}}
+
+
+def _derived(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The same, read off the measurements.
+
+    The pairs given, aligned and answered before the cell's ``--max-pairs`` cut need the
+    model's tokenizer and answers: they are not re-derived.
+    """
+    return {"used": len(data["pair_ids"]),
+            "clusters": {k: len(set(np.asarray(v).tolist()))
+                         for k, v in data["clusters"].items()},
+            "check_errors": data["check_errors"],
+            "predictor_errors": data["predictor_errors"]}
 
 
 def verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any], kind: str,
@@ -158,8 +183,6 @@ def verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any
     Returns:
         str or None: why the lens file cannot be used, or None.
     """
-    import numpy as np
-
     from captum_iglens.validate.benchmark.addendum import lens_predictor, load_lens_addendum
     from captum_iglens.validate.benchmark.lens_rows import score_rows
 
