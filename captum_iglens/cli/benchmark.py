@@ -46,7 +46,9 @@ DESCRIPTION = (
 ).replace("%%", "%")
 EXIT_STATUS = exit_status_help(
     runtime="runtime error: a model could not be loaded, fewer than 2 pairs of a task are "
-    "left for a model, a built-in patching check failed, or OUT could not be written",
+    "left for a model, a built-in patching check failed, OUT could not be written, or "
+    "--reuse-only / --tables-only found no usable cell (a file left out while others are "
+    "used exits 0 and is named at the end of benchmark.md)",
     usage="usage error: something is wrong in the command line (a bad task, model or --out)",
 )
 TASK_NAMES = ("ioi", "factual", "packaged")
@@ -76,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         type=opts.at_least(2, "--max-pairs"), default=None, metavar="N",
                         help="at most N pairs per task after filtering (default: all)")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="output folder (created; cells already there are reused)")
+                        help="output folder (created, except by --tables-only, which reads "
+                        "it; cells already there are reused)")
     parser.add_argument("--n-boot", type=opts.at_least(1, "--n-boot"), default=1000,
                         metavar="N", help="bootstrap resamples of the tables' CIs (default: "
                         "1000; the decisions use the pre-registration's)")
@@ -214,8 +217,8 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = runner.cell_fingerprint(model, family, name, pairs, settings)
         path = runner.cell_path(out, family, name)
         cell = runner.load_cell(path, fingerprint["digest"])
-        problem = None if cell is None else verify_cell(cell, path, args.n_boot,
-                                                        args.seed)[0]
+        problem = None if cell is None else verify_cell(
+            cell, path, args.n_boot, args.seed, family, name, pairs)[0]
         if problem:
             print(f"{family} / {name}: {path.name}: {problem} (not reused)", file=sys.stderr)
             cell = None
@@ -244,9 +247,10 @@ def _write_found(flag: str, out: Path, cells: list, lens_cells: list, lenses: bo
                  left_out: list) -> int:
     """Write the tables of the cells found, or say why there are none."""
     if not cells:
-        raise RuntimeError(f"{flag}: no cell in {out / 'cells'} matches these families, "
-                           "tasks and settings (the fingerprint holds --max-pairs, --n-boot, "
-                           "--seed and --captum-steps: give those the cells ran with)")
+        raise RuntimeError(f"{flag}: no cell in {out / 'cells'} can be used (each is named "
+                           "above with why; a fingerprint holds the families, tasks, "
+                           "--max-pairs, --n-boot, --seed and --captum-steps: give those the "
+                           "cells ran with)")
     _write(out, cells, lens_cells, lenses, left_out)
     return 0
 

@@ -244,10 +244,15 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
                "the seeds": lambda c: c.__setitem__("seeds", [5, 1, 2]),
                "no scores": lambda c: c.pop("scores"),
                "the pairs used": lambda c: c["counts"].__setitem__("used", 30),
+               "the pairs given": lambda c: c["counts"].__setitem__("given", 999),
+               "the family": lambda c: c.__setitem__("family", "gpt-5"),
+               "hypotheses as a number": lambda c: c.__setitem__("hypotheses", 5),
                "the clusters": lambda c: c["clusters"].__setitem__("pair", 3)}
     expect = {"a score": "recorded 0.9876", "a verdict": "recorded 'reversed'",
               "a deleted verdict": "no verdict for B4", "the seeds": "seeds [5, 1, 2]",
               "no scores": "not a cell file", "the pairs used": "recorded counts",
+              "the pairs given": "given: recorded 999", "the family": "a cell of gpt-5",
+              "hypotheses as a number": "not a cell file",
               "the clusters": "clusters/pair: recorded 3"}
     for what, edit in garbled.items():
         edited = json.loads(json.dumps(cell))
@@ -263,13 +268,21 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
     assert "no readable cell file" in capsys.readouterr().err
     cell_file.write_text(json.dumps(cell))
     saved = heavy.read_bytes()
-    for broken in (b"not gzip", None):
+    import gzip as gz
+
+    midway = bytearray(gz.compress(gz.decompress(saved)))
+    midway[len(midway) // 2] ^= 0xFF  # a stream corrupted half way: a zlib error
+    stray = json.loads(gz.decompress(saved))
+    stray["measurements"]["pair_ids"][0] = "another task's pair"
+    for broken in (b"not gzip", bytes(midway), gz.compress(json.dumps(stray).encode()),
+                   None):
         if broken is None:
             heavy.unlink()
         else:
             heavy.write_bytes(broken)
         assert main([*argv, "--tables-only"]) == 1
-        assert "its measurements" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "its measurements" in err and "(left out)" in err, err
     heavy.write_bytes(saved)
     assert main([*argv, "--tables-only"]) == 0
     assert "Left out" not in (out / "benchmark.md").read_text()

@@ -50,3 +50,32 @@ def test_the_committed_tables_are_the_committed_cells_tabulated(tmp_path, capsys
     assert err.count(": read ") == len(CELL_FILES)
     committed = (CELLS.parent / "benchmark.md").read_text(encoding="utf-8")
     assert (tmp_path / "benchmark.md").read_text(encoding="utf-8") == committed
+
+
+def test_a_cell_with_another_tasks_measurements_and_numbers_is_left_out(tmp_path,
+                                                                         capsys) -> None:
+    """Numbers and measurements copied together from another task's cell agree with each
+    other; the measurements' pairs are not the task's, so the cell is still left out."""
+    from captum_iglens.cli import main
+
+    (tmp_path / "cells").mkdir()
+    for name in ("smollm2__ioi", "smollm2__factual"):
+        for suffix in (".json", ".measurements.json.gz"):
+            shutil.copy(CELLS / f"{name}{suffix}", tmp_path / "cells")
+    ioi = json.loads((CELLS / "smollm2__ioi.json").read_text())
+    factual = json.loads((CELLS / "smollm2__factual.json").read_text())
+    swapped = {**factual, "task": "ioi", "fingerprint": ioi["fingerprint"]}
+    (tmp_path / "cells" / "smollm2__ioi.json").write_text(json.dumps(swapped))
+    shutil.copy(CELLS / "smollm2__factual.measurements.json.gz",
+                tmp_path / "cells" / "smollm2__ioi.measurements.json.gz")
+    run = ioi["fingerprint"]["settings"]
+    argv = ["benchmark", "--families", "SmolLM2-135M", "--tasks", "ioi,factual",
+            "--max-pairs", str(run["pairs"]), "--n-boot", str(run["n_boot"]),
+            "--captum-steps", str(run["captum_steps"]), "--out", str(tmp_path),
+            "--tables-only", "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "smollm2 / ioi: smollm2__ioi.json: its measurements" in err
+    assert "are of pairs not in the task" in err and "smollm2 / factual: read" in err
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "smollm2 / ioi |" not in table.split("## Left out")[0]

@@ -240,6 +240,20 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
         l1 = next(line for line in (out / "benchmark.md").read_text().splitlines()
                   if line.startswith("| L1 "))
         assert l1.endswith("| not run or left out |"), l1
+    # a file of another task or kind, an "n/a" file hiding a fitted lens, malformed rows
+    good = json.loads(json.dumps(tuned))
+    for edit, says in ((lambda t: t.__setitem__("task", "elsewhere"), "not the tuned lens"),
+                       (lambda t: t.__setitem__("kind", "jacobian"), "not the tuned lens"),
+                       (lambda t: t.__setitem__("status", "n/a"), "n/a lens file with"),
+                       (lambda t: t.__setitem__("rows", []), "not a tuned lens file"),
+                       (lambda t: t["hypotheses"].__setitem__("L1", "n/a"), "not the tuned")):
+        edited = json.loads(json.dumps(good))
+        edit(edited)
+        tuned_file.write_text(json.dumps(edited))
+        capsys.readouterr()
+        assert main([*argv, "--lenses", "tuned", "--tables-only"]) == 0
+        err = capsys.readouterr().err
+        assert says in err and "(left out)" in err, (says, err)
 
 
 def test_a_jacobian_lens_gives_its_own_rows_and_l2(loaded, cell, tmp_path) -> None:

@@ -102,8 +102,8 @@ def _as_json(value: Any) -> Any:
                                  default=lambda o: o.tolist()))
 
 
-def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int
-                ) -> tuple[Optional[str], Optional[dict[str, Any]]]:
+def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int, family: str, task: str,
+                pairs: Sequence[PromptPair]) -> tuple[Optional[str], Optional[dict[str, Any]]]:
     """Recompute a cell's results from its stored measurements and compare them.
 
     Args:
@@ -111,20 +111,37 @@ def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int
         cell_file (Path): Its path (its measurements lie beside it).
         n_boot (int): Resamples of the tables' 95% intervals (the run's ``--n-boot``).
         seed (int): The run's first seed (the robustness seeds follow it).
+        family (str): The family the file is read for (as its file name says).
+        task (str): The task it is read for.
+        pairs (sequence of PromptPair): The task's pairs before filtering.
 
     Returns:
-        (str or None, dict or None): why the cell cannot be used (not a cell file, its seeds
-        not the run's, its measurements missing or unreadable, or the first recorded number
-        its measurements do not give), or None; and the measurements as arrays when read.
+        (str or None, dict or None): why the cell cannot be used (not a cell file, another
+        family or task, its seeds not the run's, its measurements missing, unreadable or of
+        other pairs, or the first recorded number its measurements do not give), or None;
+        and the measurements as arrays when read.
     """
+    try:
+        return _verify_cell(cell, cell_file, n_boot, seed, family, task, pairs)
+    except Exception as err:  # a malformed file is named, never a crash
+        return f"could not be checked ({type(err).__name__}: {err})", None
+
+
+def _verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int, family: str, task: str,
+                 pairs: Sequence[PromptPair]
+                 ) -> tuple[Optional[str], Optional[dict[str, Any]]]:
     from captum_iglens.validate.benchmark.analysis import analyse
     from captum_iglens.validate.benchmark.decide import load_preregistration
     from captum_iglens.validate.benchmark.lens_rows import read_measurements
 
     prereg = load_preregistration()
-    if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS):
+    if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS) or any(
+            not isinstance(cell[k], dict) for k in CELL_RESULTS):
         got = sorted(cell) if isinstance(cell, dict) else type(cell).__name__
-        return f"not a cell file (a cell holds {', '.join(_CELL_KEYS)}; found {got})", None
+        return (f"not a cell file (a cell holds {', '.join(_CELL_KEYS)}, the last four "
+                f"mappings; found {got})", None)
+    if (cell["family"], cell["task"]) != (family, task):
+        return f"a cell of {cell['family']} / {cell['task']}, not of {family} / {task}", None
     missing = [h["id"] for h in prereg.hypotheses if h["id"] not in cell["hypotheses"]]
     if missing:
         return f"no verdict for {', '.join(missing)}", None
@@ -134,16 +151,21 @@ def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int
     heavy = Path(cell_file).with_suffix(".measurements.json.gz")
     try:
         data = read_measurements(cell_file)
-        fresh = analyse(data, prereg, n_boot, cell["seeds"])
-    except (OSError, EOFError, ValueError, KeyError, TypeError, IndexError) as err:
-        return (f"its measurements {heavy.name} could not be read or re-analysed "
+    except Exception as err:  # gzip, zlib and JSON errors alike
+        return (f"its measurements {heavy.name} could not be read "
                 f"({type(err).__name__}: {err})", None)
+    ids = {p.id for p in pairs}
+    strays = [i for i in data["pair_ids"] if i not in ids]
+    if strays:
+        return (f"its measurements {heavy.name} are of pairs not in the task "
+                f"({len(strays)}, the first {strays[0]!r})", None)
+    fresh = analyse(data, prereg, n_boot, cell["seeds"])
     for part in CELL_RESULTS:
         found = first_difference(cell[part], _as_json(fresh[part]), part)
         if found:
             return (f"its recorded numbers are not its measurements re-analysed by today's "
                     f"code ({found})", data)
-    found = first_difference(_recorded(cell), _as_json(_derived(data)), "")
+    found = first_difference(_recorded(cell), _as_json(_derived(data, len(pairs))), "")
     if found:
         return f"its recorded counts are not its measurements' ({found.lstrip('/')})", data
     return None, data
@@ -152,17 +174,22 @@ def verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int
 def _recorded(cell: Mapping[str, Any]) -> dict[str, Any]:
     """What a cell file records about its measurements beside the results."""
     counts = cell.get("counts")
-    return {"used": counts.get("used") if isinstance(counts, dict) else None,
+    counts = counts if isinstance(counts, dict) else {}
+    funnel = [counts.get(k) for k in ("given", "aligned", "answered", "used")]
+    ordered = all(isinstance(v, int) for v in funnel) and funnel == sorted(funnel, reverse=True)
+    return {"given": counts.get("given"), "used": counts.get("used"),
+            "given >= aligned >= answered >= used": ordered,
             **{k: cell.get(k) for k in ("clusters", "check_errors", "predictor_errors")}}
 
 
-def _derived(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The same, read off the measurements.
+def _derived(data: Mapping[str, Any], given: int) -> dict[str, Any]:
+    """The same, read off the measurements and the task's ``given`` pairs.
 
-    The pairs given, aligned and answered before the cell's ``--max-pairs`` cut need the
-    model's tokenizer and answers: they are not re-derived.
+    The pairs aligned and answered before the cell's ``--max-pairs`` cut need the model's
+    tokenizer and answers: they are only checked to lie between the pairs given and used.
     """
-    return {"used": len(data["pair_ids"]),
+    return {"given": given, "used": len(data["pair_ids"]),
+            "given >= aligned >= answered >= used": True,
             "clusters": {k: len(set(np.asarray(v).tolist()))
                          for k, v in data["clusters"].items()},
             "check_errors": data["check_errors"],
@@ -174,41 +201,69 @@ def verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any
     """Recompute a lens file's results from its rows and the cell's measurements.
 
     Args:
-        found (any): The lens file's content.
+        found (any): The lens file's content (its fingerprint already matched).
         cell (mapping): Its cell (verified).
         data (mapping): The cell's measurements as arrays.
         kind (str): The lens kind.
         n_boot (int): Resamples of the tables' 95% intervals.
 
     Returns:
-        str or None: why the lens file cannot be used, or None.
+        str or None: why the lens file cannot be used (not a lens file of this cell and kind,
+        "n/a" with a fitted lens recorded or "ok" without, or the first recorded number its
+        rows do not give), or None.
     """
+    try:
+        return _verify_lens_cell(found, cell, data, kind, n_boot)
+    except Exception as err:  # a malformed file is named, never a crash
+        return f"could not be checked ({type(err).__name__}: {err})"
+
+
+def _verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any], kind: str,
+                      n_boot: int) -> Optional[str]:
     from captum_iglens.validate.benchmark.addendum import lens_predictor, load_lens_addendum
     from captum_iglens.validate.benchmark.lens_rows import score_rows
 
     addendum = load_lens_addendum()
     name = lens_predictor(addendum, kind)["name"]
     ids = [h["id"] for h in addendum.hypotheses if h["predictor"] == name]
-    if not isinstance(found, dict) or found.get("name") != name \
+    head = {"family": cell["family"], "task": cell["task"], "kind": kind, "name": name}
+    if not isinstance(found, dict) or any(found.get(k) != v for k, v in head.items()) \
             or not isinstance(found.get("hypotheses"), dict) \
-            or any(i not in found["hypotheses"] for i in ids):
-        return f"not a {kind} lens file (its name, or a verdict of {', '.join(ids)}, missing)"
+            or any(not isinstance(found["hypotheses"].get(i), dict) for i in ids):
+        return (f"not the {kind} lens file of {cell['family']} / {cell['task']} (its family, "
+                f"task, kind or name differ, or a verdict of {', '.join(ids)} is missing)")
+    has_lens = found["fingerprint"].get("lens") is not None
     if found.get("status") == "n/a":
         wrong = [i for i in ids if found["hypotheses"][i].get("verdict") != "n/a"]
-        return f"an n/a lens file with a verdict for {', '.join(wrong)}" if wrong else None
-    if found.get("status") != "ok" or any(k not in found for k in ("rows", *LENS_RESULTS)):
-        return f"not a {kind} lens file (status {found.get('status')!r}, or no rows)"
-    try:
-        rows = {g: np.asarray(v, np.float64) for g, v in found["rows"].items()}
-        fresh = score_rows(data, rows, name, addendum, n_boot, cell["seeds"])
-    except (ValueError, KeyError, TypeError, IndexError) as err:
-        return f"its rows could not be re-scored ({type(err).__name__}: {err})"
+        if has_lens or wrong:
+            return "an n/a lens file with a fitted lens recorded, or with a verdict"
+        return None
+    if found.get("status") != "ok" or not has_lens \
+            or any(not isinstance(found.get(k), dict) for k in ("rows", *LENS_RESULTS)):
+        return f"not a {kind} lens file (status {found.get('status')!r}, no lens or no rows)"
+    rows = {g: np.asarray(v, np.float64) for g, v in found["rows"].items()}
+    fresh = score_rows(data, rows, name, addendum, n_boot, cell["seeds"])
     for part in LENS_RESULTS:
         diff = first_difference(found[part], _as_json(fresh[part]), part)
         if diff:
             return ("its recorded numbers are not its rows re-scored against the cell's "
                     f"measurements ({diff})")
     return None
+
+
+def _lens_fingerprint_matches(found: Any, cell: Mapping[str, Any], kind: str,
+                              addendum: Any) -> bool:
+    """Whether a lens file's stored fingerprint is today's for its cell and recorded lens."""
+    from captum_iglens.validate.benchmark.lens_rows import lens_fingerprint
+
+    stored = found.get("fingerprint") if isinstance(found, dict) else None
+    if not isinstance(stored, dict) or not stored:
+        return False
+    try:
+        again = lens_fingerprint(cell, kind, stored.get("lens"), addendum)
+    except (TypeError, ValueError, AttributeError):  # a malformed recorded lens
+        return False
+    return again["digest"] == stored.get("digest")
 
 
 def _read(path: Path) -> Any:
@@ -249,7 +304,7 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
     from tqdm.auto import tqdm
 
     from captum_iglens.validate.benchmark.addendum import load_lens_addendum
-    from captum_iglens.validate.benchmark.lens_rows import lens_fingerprint, lens_path
+    from captum_iglens.validate.benchmark.lens_rows import lens_path
 
     analysis = analysis_version()
     addendum = load_lens_addendum()
@@ -278,7 +333,7 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
                             f"{_cell_mismatch(stored, expected)}")
             continue
         problem, data = verify_cell(cell, path, int(settings["n_boot"]),
-                                    int(settings["seed"]))
+                                    int(settings["seed"]), family, task, pairs)
         if problem:
             left_out.append(f"{family} / {task}: {path.name}: {problem}")
             continue
@@ -288,10 +343,7 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
         for kind in lens_kinds:
             lpath = lens_path(out_dir, family, task, kind)
             found = _read(lpath)
-            lstored = found.get("fingerprint") if isinstance(found, dict) else None
-            lstored = lstored if isinstance(lstored, dict) else {}
-            again = lens_fingerprint(cell, kind, lstored.get("lens"), addendum)
-            if not lstored or again["digest"] != lstored.get("digest"):
+            if not _lens_fingerprint_matches(found, cell, kind, addendum):
                 left_out.append(f"{family} / {task} / {kind} lens: no file with today's "
                                 f"fingerprint at {lpath}")
                 continue
@@ -300,5 +352,7 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
             if problem:
                 left_out.append(f"{family} / {task} / {kind} lens: {lpath.name}: {problem}")
                 continue
+            used.append(f"{family} / {task} / {kind} lens: its numbers re-scored from its "
+                        "rows agree")
             lens_cells.append(found)
     return cells, lens_cells, used, left_out
