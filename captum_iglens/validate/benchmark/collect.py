@@ -176,7 +176,8 @@ def _recorded(cell: Mapping[str, Any]) -> dict[str, Any]:
     counts = cell.get("counts")
     counts = counts if isinstance(counts, dict) else {}
     funnel = [counts.get(k) for k in ("given", "aligned", "answered", "used")]
-    ordered = all(isinstance(v, int) for v in funnel) and funnel == sorted(funnel, reverse=True)
+    steps = [int(v) for v in funnel if isinstance(v, int)]
+    ordered = len(steps) == 4 and steps == sorted(steps, reverse=True)
     return {"given": counts.get("given"), "used": counts.get("used"),
             "given >= aligned >= answered >= used": ordered,
             **{k: cell.get(k) for k in ("clusters", "check_errors", "predictor_errors")}}
