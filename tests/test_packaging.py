@@ -183,4 +183,4 @@ def test_the_type_checker_runs_in_ci_with_its_stated_strictness() -> None:
                ["test"])
     steps = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert steps.index("python -m mypy captum_iglens") > steps.index(
-        "python -m ruff check captum_iglens tests benchmarks")
+        "python -m ruff check captum_iglens tests benchmarks tutorials")
