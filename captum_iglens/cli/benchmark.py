@@ -168,6 +168,9 @@ def _check_models(args: argparse.Namespace) -> None:
 
     args.models = _split(args.models) or required_families()
     args.models = [FAMILY_MODELS.get(m, m) for m in args.models]
+    if len(set(args.models)) != len(args.models):
+        raise UsageError(f"--families {','.join(args.models)}: a family is named twice (a "
+                         "pre-registration name and its model name are the same family)")
     for spec in args.models:
         if not is_model_name(spec) and not Path(spec).exists():
             raise UsageError(f"--families {spec!r}: neither a model name nor an existing path")

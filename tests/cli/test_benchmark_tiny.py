@@ -247,12 +247,14 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
                "the pairs given": lambda c: c["counts"].__setitem__("given", 999),
                "the family": lambda c: c.__setitem__("family", "gpt-5"),
                "hypotheses as a number": lambda c: c.__setitem__("hypotheses", 5),
+               "an extra key": lambda c: c.__setitem__("note", "carried into the JSON"),
                "the clusters": lambda c: c["clusters"].__setitem__("pair", 3)}
     expect = {"a score": "recorded 0.9876", "a verdict": "recorded 'reversed'",
               "a deleted verdict": "no verdict for B4", "the seeds": "seeds [5, 1, 2]",
               "no scores": "not a cell file", "the pairs used": "recorded counts",
               "the pairs given": "given: recorded 999", "the family": "a cell of gpt-5",
               "hypotheses as a number": "not a cell file",
+              "an extra key": "keys a cell file does not hold: note",
               "the clusters": "clusters/pair: recorded 3"}
     for what, edit in garbled.items():
         edited = json.loads(json.dumps(cell))
@@ -263,9 +265,10 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
         err = capsys.readouterr().err
         assert expect[what] in err and "(left out)" in err, (what, err)
         assert "--tables-only: no cell in" in err
-    cell_file.write_text("[1, 2]")  # JSON, but not a cell
-    assert main([*argv, "--tables-only"]) == 1
-    assert "no readable cell file" in capsys.readouterr().err
+    for text in ("[1, 2]", "[" * 200_000):  # JSON but not a cell; nested past recursion
+        cell_file.write_text(text)
+        assert main([*argv, "--tables-only"]) == 1
+        assert "no readable cell file" in capsys.readouterr().err
     cell_file.write_text(json.dumps(cell))
     saved = heavy.read_bytes()
     import gzip as gz
@@ -301,6 +304,12 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
     assert main([*argv, "--reuse-only"]) == 1
     err = capsys.readouterr().err
     assert "recorded 'reversed'" in err and "(not reused)" in err
+
+
+def test_a_family_named_twice_is_a_usage_error(capsys):
+    assert main(["benchmark", "--families", "SmolLM2-135M,smollm2", "--out", "x",
+                 "--tables-only"]) == 2
+    assert "a family is named twice" in capsys.readouterr().err
 
 
 def test_tables_only_reads_and_creates_nothing_else(tiny_folder, pairs_file, tmp_path, capsys):

@@ -44,3 +44,9 @@ def test_the_tolerance_is_relative_with_an_absolute_floor() -> None:
     assert first_difference(1e6, 1e6 * (1 + 2 * REL)) is not None
     assert first_difference(0.0, 1e-15) is None  # below the 1e-14 floor
     assert first_difference(0.0, 1e-13) is not None
+
+
+def test_counts_are_exact() -> None:
+    assert first_difference({"n": 24}, {"n": 24}) is None
+    assert first_difference({"n": 24.0000000001}, {"n": 24}) is not None  # not a count
+    assert first_difference({"n": 24}, {"n": 24.0}) is not None

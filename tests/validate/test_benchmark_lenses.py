@@ -244,7 +244,7 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
     good = json.loads(json.dumps(tuned))
     for edit, says in ((lambda t: t.__setitem__("task", "elsewhere"), "not the tuned lens"),
                        (lambda t: t.__setitem__("kind", "jacobian"), "not the tuned lens"),
-                       (lambda t: t.__setitem__("status", "n/a"), "n/a lens file with"),
+                       (lambda t: t.__setitem__("status", "n/a"), "not an n/a lens file"),
                        (lambda t: t.__setitem__("rows", []), "not a tuned lens file"),
                        (lambda t: t["hypotheses"].__setitem__("L1", "n/a"), "not the tuned")):
         edited = json.loads(json.dumps(good))
@@ -254,6 +254,23 @@ def test_cli_lenses_adds_the_block_and_keeps_the_cells(loaded, tiny_folder, pair
         assert main([*argv, "--lenses", "tuned", "--tables-only"]) == 0
         err = capsys.readouterr().err
         assert says in err and "(left out)" in err, (says, err)
+    # an "n/a" file forged over a fitted one (its fingerprint redone without the lens): only
+    # exactly what the benchmark writes without a lens passes, and nothing of it is drawn
+    from captum_iglens.validate.benchmark.addendum import load_lens_addendum
+
+    cell = json.loads(cell_file.read_text())
+    forged = {k: good[k] for k in ("family", "task", "kind", "name")}
+    forged["fingerprint"] = lens_rows.lens_fingerprint(cell, "tuned", None, load_lens_addendum())
+    forged.update(lens_rows._not_available(load_lens_addendum(), good["name"], "no lens"))
+    tuned_file.write_text(json.dumps(forged))
+    assert main([*argv, "--lenses", "tuned", "--tables-only"]) == 0
+    assert "n/a (no fitted lens), as the benchmark writes it" in capsys.readouterr().err
+    for extra in ({"scores": good["scores"]}, {"hypotheses": {"L1": {
+            **forged["hypotheses"]["L1"], "value": 0.9, "unstable": True}}}):
+        tuned_file.write_text(json.dumps({**forged, **extra}))
+        assert main([*argv, "--lenses", "tuned", "--tables-only"]) == 0
+        err = capsys.readouterr().err
+        assert "not an n/a lens file as the benchmark writes one" in err, err
 
 
 def test_a_jacobian_lens_gives_its_own_rows_and_l2(loaded, cell, tmp_path) -> None:

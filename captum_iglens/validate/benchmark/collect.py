@@ -42,6 +42,12 @@ CELL_RESULTS = ("scores", "curves", "magnitude", "hypotheses")
 #: The parts of a lens file that are computed from its rows and the cell's measurements.
 LENS_RESULTS = ("scores", "magnitude", "hypotheses")
 _CELL_KEYS = ("family", "task", "seeds", "fingerprint", *CELL_RESULTS)
+#: Every key a cell file holds (anything else would be carried into benchmark.json unchecked).
+_CELL_ALL_KEYS = frozenset((*_CELL_KEYS, "counts", "clusters", "check_errors",
+                            "predictor_errors"))
+#: Every key a lens file with status "ok" holds.
+_LENS_OK_KEYS = frozenset(("family", "task", "kind", "name", "fingerprint", "status", "rows",
+                           "lens_change", *LENS_RESULTS))
 
 
 def first_difference(stored: Any, fresh: Any, where: str = "") -> Optional[str]:
@@ -85,7 +91,8 @@ def _mapping_difference(stored: Mapping[str, Any], fresh: Any, where: str) -> Op
 
 def _leaf_difference(stored: Any, fresh: Any, where: str) -> Optional[str]:
     differ = f"{where}: recorded {stored!r}, recomputed {fresh!r}"
-    if any(isinstance(v, (bool, str, dict, list)) or v is None for v in (stored, fresh)):
+    if any(isinstance(v, (bool, int, str, dict, list)) or v is None for v in (stored, fresh)):
+        # counts (n, tokens, clusters) are exact: 24.0000000001 is not 24
         return None if stored == fresh and type(stored) is type(fresh) else differ
     try:
         a, b = float(stored), float(fresh)
@@ -135,19 +142,9 @@ def _verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int, family: str
     from captum_iglens.validate.benchmark.lens_rows import read_measurements
 
     prereg = load_preregistration()
-    if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS) or any(
-            not isinstance(cell[k], dict) for k in CELL_RESULTS):
-        got = sorted(cell) if isinstance(cell, dict) else type(cell).__name__
-        return (f"not a cell file (a cell holds {', '.join(_CELL_KEYS)}, the last four "
-                f"mappings; found {got})", None)
-    if (cell["family"], cell["task"]) != (family, task):
-        return f"a cell of {cell['family']} / {cell['task']}, not of {family} / {task}", None
-    missing = [h["id"] for h in prereg.hypotheses if h["id"] not in cell["hypotheses"]]
-    if missing:
-        return f"no verdict for {', '.join(missing)}", None
-    if cell["seeds"] != runner.seeds_of(prereg, seed):
-        return (f"seeds {cell['seeds']}, not the run's {runner.seeds_of(prereg, seed)}",
-                None)
+    shape = _cell_shape_problem(cell, family, task, prereg, seed)
+    if shape:
+        return shape, None
     heavy = Path(cell_file).with_suffix(".measurements.json.gz")
     try:
         data = read_measurements(cell_file)
@@ -169,6 +166,27 @@ def _verify_cell(cell: Any, cell_file: Path, n_boot: int, seed: int, family: str
     if found:
         return f"its recorded counts are not its measurements' ({found.lstrip('/')})", data
     return None, data
+
+
+def _cell_shape_problem(cell: Any, family: str, task: str, prereg: Any,
+                        seed: int) -> Optional[str]:
+    """Why ``cell`` is not a cell file of (family, task) with the run's seeds, or None."""
+    if not isinstance(cell, dict) or any(k not in cell for k in _CELL_KEYS) or any(
+            not isinstance(cell[k], dict) for k in CELL_RESULTS):
+        got = sorted(cell) if isinstance(cell, dict) else type(cell).__name__
+        return (f"not a cell file (a cell holds {', '.join(_CELL_KEYS)}, the last four "
+                f"mappings; found {got})")
+    extra = sorted(set(cell) - _CELL_ALL_KEYS)
+    if extra:
+        return f"keys a cell file does not hold: {', '.join(map(str, extra))}"
+    if (cell["family"], cell["task"]) != (family, task):
+        return f"a cell of {cell['family']} / {cell['task']}, not of {family} / {task}"
+    missing = [h["id"] for h in prereg.hypotheses if h["id"] not in cell["hypotheses"]]
+    if missing:
+        return f"no verdict for {', '.join(missing)}"
+    if cell["seeds"] != runner.seeds_of(prereg, seed):
+        return f"seeds {cell['seeds']}, not the run's {runner.seeds_of(prereg, seed)}"
+    return None
 
 
 def _recorded(cell: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,7 +240,7 @@ def verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any
 def _verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, Any], kind: str,
                       n_boot: int) -> Optional[str]:
     from captum_iglens.validate.benchmark.addendum import lens_predictor, load_lens_addendum
-    from captum_iglens.validate.benchmark.lens_rows import score_rows
+    from captum_iglens.validate.benchmark.lens_rows import _not_available, score_rows
 
     addendum = load_lens_addendum()
     name = lens_predictor(addendum, kind)["name"]
@@ -233,15 +251,18 @@ def _verify_lens_cell(found: Any, cell: Mapping[str, Any], data: Mapping[str, An
             or any(not isinstance(found["hypotheses"].get(i), dict) for i in ids):
         return (f"not the {kind} lens file of {cell['family']} / {cell['task']} (its family, "
                 f"task, kind or name differ, or a verdict of {', '.join(ids)} is missing)")
-    has_lens = found["fingerprint"].get("lens") is not None
-    if found.get("status") == "n/a":
-        wrong = [i for i in ids if found["hypotheses"][i].get("verdict") != "n/a"]
-        if has_lens or wrong:
-            return "an n/a lens file with a fitted lens recorded, or with a verdict"
-        return None
-    if found.get("status") != "ok" or not has_lens \
+    lens = found["fingerprint"].get("lens")
+    if found.get("status") == "n/a":  # exactly what run_lens_cell writes without a lens
+        expected = {**head, "fingerprint": found["fingerprint"],
+                    **_not_available(addendum, name, str(found.get("message")))}
+        diff = None if lens is None else "fingerprint/lens: recorded, with status n/a"
+        diff = diff or first_difference(found, expected)
+        return f"not an n/a lens file as the benchmark writes one ({diff})" if diff else None
+    if found.get("status") != "ok" or not isinstance(lens, dict) \
+            or set(found) != _LENS_OK_KEYS \
             or any(not isinstance(found.get(k), dict) for k in ("rows", *LENS_RESULTS)):
-        return f"not a {kind} lens file (status {found.get('status')!r}, no lens or no rows)"
+        return (f"not a {kind} lens file (status {found.get('status')!r}, no lens recorded, "
+                "no rows, or keys a lens file does not hold)")
     rows = {g: np.asarray(v, np.float64) for g, v in found["rows"].items()}
     fresh = score_rows(data, rows, name, addendum, n_boot, cell["seeds"])
     for part in LENS_RESULTS:
@@ -258,7 +279,8 @@ def _lens_fingerprint_matches(found: Any, cell: Mapping[str, Any], kind: str,
     from captum_iglens.validate.benchmark.lens_rows import lens_fingerprint
 
     stored = found.get("fingerprint") if isinstance(found, dict) else None
-    if not isinstance(stored, dict) or not stored:
+    if not isinstance(stored, dict) or not stored \
+            or not (stored.get("lens") is None or isinstance(stored.get("lens"), dict)):
         return False
     try:
         again = lens_fingerprint(cell, kind, stored.get("lens"), addendum)
@@ -270,7 +292,7 @@ def _lens_fingerprint_matches(found: Any, cell: Mapping[str, Any], kind: str,
 def _read(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: absurdly nested JSON
         return None
 
 
@@ -353,7 +375,8 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
             if problem:
                 left_out.append(f"{family} / {task} / {kind} lens: {lpath.name}: {problem}")
                 continue
-            used.append(f"{family} / {task} / {kind} lens: its numbers re-scored from its "
-                        "rows agree")
+            used.append(f"{family} / {task} / {kind} lens: " + (
+                "its numbers re-scored from its rows agree" if found["status"] == "ok" else
+                "n/a (no fitted lens), as the benchmark writes it"))
             lens_cells.append(found)
     return cells, lens_cells, used, left_out
