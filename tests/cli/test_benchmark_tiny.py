@@ -248,6 +248,7 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
                "the family": lambda c: c.__setitem__("family", "gpt-5"),
                "hypotheses as a number": lambda c: c.__setitem__("hypotheses", 5),
                "an extra key": lambda c: c.__setitem__("note", "carried into the JSON"),
+               "an extra count": lambda c: c["counts"].__setitem__("extra", 1),
                "the clusters": lambda c: c["clusters"].__setitem__("pair", 3)}
     expect = {"a score": "recorded 0.9876", "a verdict": "recorded 'reversed'",
               "a deleted verdict": "no verdict for B4", "the seeds": "seeds [5, 1, 2]",
@@ -255,6 +256,7 @@ def test_tables_only_recomputes_every_number_and_leaves_out_what_differs(
               "the pairs given": "given: recorded 999", "the family": "a cell of gpt-5",
               "hypotheses as a number": "not a cell file",
               "an extra key": "keys a cell file does not hold: note",
+              "an extra count": "count keys",
               "the clusters": "clusters/pair: recorded 3"}
     for what, edit in garbled.items():
         edited = json.loads(json.dumps(cell))

@@ -196,7 +196,8 @@ def _recorded(cell: Mapping[str, Any]) -> dict[str, Any]:
     funnel = [counts.get(k) for k in ("given", "aligned", "answered", "used")]
     steps = [int(v) for v in funnel if isinstance(v, int)]
     ordered = len(steps) == 4 and steps == sorted(steps, reverse=True)
-    return {"given": counts.get("given"), "used": counts.get("used"),
+    return {"count keys": sorted(map(str, counts)),
+            "given": counts.get("given"), "used": counts.get("used"),
             "given >= aligned >= answered >= used": ordered,
             **{k: cell.get(k) for k in ("clusters", "check_errors", "predictor_errors")}}
 
@@ -207,7 +208,8 @@ def _derived(data: Mapping[str, Any], given: int) -> dict[str, Any]:
     The pairs aligned and answered before the cell's ``--max-pairs`` cut need the model's
     tokenizer and answers: they are only checked to lie between the pairs given and used.
     """
-    return {"given": given, "used": len(data["pair_ids"]),
+    return {"count keys": ["aligned", "answered", "given", "used"],
+            "given": given, "used": len(data["pair_ids"]),
             "given >= aligned >= answered >= used": True,
             "clusters": {k: len(set(np.asarray(v).tolist()))
                          for k, v in data["clusters"].items()},
