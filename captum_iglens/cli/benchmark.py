@@ -220,11 +220,11 @@ def run(args: argparse.Namespace) -> int:
         fingerprint = runner.cell_fingerprint(model, family, name, pairs, settings)
         path = runner.cell_path(out, family, name)
         cell = runner.load_cell(path, fingerprint["digest"])
-        problem = None if cell is None else verify_cell(
-            cell, path, args.n_boot, args.seed, family, name, pairs)[0]
+        problem, data = (None, None) if cell is None else verify_cell(
+            cell, path, args.n_boot, args.seed, family, name, pairs)
         if problem:
             print(f"{family} / {name}: {path.name}: {problem} (not reused)", file=sys.stderr)
-            cell = None
+            cell, data = None, None
         if cell is None and args.reuse_only:
             left_out.append(f"{family} / {name}: no cell with this fingerprint and its "
                             f"measurements' numbers in {path.parent} (--reuse-only runs none)")
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{family} / {name}: reused {path}", file=sys.stderr)
         cells.append(cell)
         lens_cells += _lens_cells(args, model.eval(), tokenizer, cell, path, pairs, spec,
-                                  shown)
+                                  shown, data)
     if args.cost:
         return 0
     return _write_found("--reuse-only", out, cells, lens_cells, bool(args.lenses), left_out)
@@ -286,8 +286,13 @@ def _tables_only(args: argparse.Namespace, out: Path, todo: list, settings: dict
 
 
 def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell: dict,
-                path: Path, pairs: list, spec: str, shown: bool) -> list[dict]:
-    """The lens addendum's files of one cell, one per ``--lenses`` kind."""
+                path: Path, pairs: list, spec: str, shown: bool,
+                data: dict | None) -> list[dict]:
+    """The lens addendum's files of one cell, one per ``--lenses`` kind.
+
+    ``data`` is the cell's measurements when already read (a reused cell), to check reused
+    lens files against; None reads them when needed.
+    """
     from captum_iglens.validate.benchmark import lens_rows
     from captum_iglens.validate.benchmark.collect import verify_lens_cell
 
@@ -298,8 +303,8 @@ def _lens_cells(args: argparse.Namespace, model: object, tokenizer: object, cell
                                                 progress=shown)
         where = f"{cell['family']} / {cell['task']} / {kind} lens"
         if reused:
-            problem = verify_lens_cell(found, cell, lens_rows.read_measurements(path), kind,
-                                       args.n_boot)
+            data = data if data is not None else lens_rows.read_measurements(path)
+            problem = verify_lens_cell(found, cell, data, kind, args.n_boot)
             if problem:
                 print(f"{where}: {problem} (left out; delete the file to recompute it)",
                       file=sys.stderr)

@@ -26,6 +26,7 @@ import numpy as np
 
 from captum_iglens.validate.benchmark import runner
 from captum_iglens.validate.benchmark.decide import analysis_version
+from captum_iglens.validate.benchmark.fingerprint import fingerprint_digest, fingerprint_entries
 from captum_iglens.validate.pairs import PromptPair
 
 __all__ = ["REL", "first_difference", "read_cells", "verify_cell", "verify_lens_cell"]
@@ -346,14 +347,14 @@ def read_cells(out_dir: Path, cells_wanted: Sequence[tuple[str, str, Sequence[Pr
             left_out.append(f"{family} / {task}: no readable cell file with a fingerprint "
                             f"at {path}")
             continue
-        expected = runner.fingerprint_entries(family, task, stored.get("weights"), analysis,
+        expected = fingerprint_entries(family, task, stored.get("weights"), analysis,
                                               settings, pairs)
         digest = stored.get("digest")
-        if digest != runner.fingerprint_digest(stored):  # edited after it was written
+        if digest != fingerprint_digest(stored):  # edited after it was written
             left_out.append(f"{family} / {task}: {path.name}'s fingerprint does not match "
                             "its own digest")
             continue
-        if runner.fingerprint_digest(expected) != digest:
+        if fingerprint_digest(expected) != digest:
             left_out.append(f"{family} / {task}: {path.name} was made with another "
                             f"{_cell_mismatch(stored, expected)}")
             continue

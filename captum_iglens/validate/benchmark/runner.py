@@ -24,7 +24,6 @@ the forwards of a cell before it runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -37,11 +36,16 @@ from captum_iglens.validate.benchmark.analysis import (
     derived_predictors,
     random_scores,
 )
-from captum_iglens.validate.benchmark.decide import analysis_version, load_preregistration
+from captum_iglens.validate.benchmark.decide import load_preregistration
 from captum_iglens.validate.benchmark.families import (
     FAMILY_MODELS,
     family_runs_task,
     required_families,
+)
+from captum_iglens.validate.benchmark.fingerprint import (
+    cell_fingerprint,
+    fingerprint_digest,
+    fingerprint_entries,
 )
 from captum_iglens.validate.benchmark.measure import UNITS
 from captum_iglens.validate.benchmark.tasks import aligned, answered
@@ -56,43 +60,6 @@ __all__ = ["DONORS", "FAMILY_MODELS", "SUBSETS", "cell_fingerprint", "cell_path"
 DONORS = 4
 #: Random block subsets per token and seed of the magnitude metric (pre-registered: 32).
 SUBSETS = 32
-def _pairs_hash(pairs: Sequence[PromptPair]) -> str:
-    text = json.dumps([p.__dict__ for p in pairs], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def fingerprint_entries(family: str, task: str, weights: Any, analysis: Mapping[str, Any],
-                        settings: Mapping[str, Any], pairs: Sequence[PromptPair]
-                        ) -> dict[str, Any]:
-    """A cell fingerprint's entries (no digest), from a weights digest already read."""
-    return {"family": family, "task": task, "weights": weights, "analysis": dict(analysis),
-            "settings": dict(settings), "pairs": _pairs_hash(pairs)}
-
-
-def fingerprint_digest(entries: Mapping[str, Any]) -> str:
-    """The 16-hex-digit digest of a cell fingerprint's entries (``digest`` left out)."""
-    body = {k: v for k, v in entries.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def cell_fingerprint(model: Any, family: str, task: str, pairs: Sequence[PromptPair],
-                     settings: Mapping[str, Any]) -> dict[str, Any]:
-    """What a cell's numbers depend on, and a digest of it.
-
-    Returns:
-        dict: ``family``, ``task``, ``weights``
-        (:func:`~captum_iglens.run.fingerprint.weights_digest`),
-        ``analysis`` (:func:`~captum_iglens.validate.benchmark.decide.analysis_version`),
-        ``settings``, ``pairs`` (hash of the task's pairs before filtering), ``digest``.
-    """
-    from captum_iglens.run.fingerprint import weights_digest
-
-    entries = fingerprint_entries(family, task, weights_digest(model), analysis_version(),
-                                  settings, pairs)
-    entries["digest"] = fingerprint_digest(entries)
-    return entries
-
-
 def _next_token(model: Any) -> Any:
     import torch
 
